@@ -1,0 +1,172 @@
+"""Work records (Job, Item) and LengthBuckets, which cut token-budget batches from either end."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import enum
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class End(enum.Enum):
+    """Which end of the length order a device claims from."""
+
+    LONG = "long"
+    SHORT = "short"
+
+
+class Job:
+    """One caller's request: its reply future, its progress and its clocks.
+
+    The queue owns `remaining` and `pending_tokens`; whoever embeds writes rows into `out`.
+    """
+
+    __slots__ = (
+        "cancelled",
+        "error",
+        "finished_at",
+        "future",
+        "out",
+        "pending_items",
+        "pending_tokens",
+        "remaining",
+        "size",
+        "submitted_at",
+        "tokens",
+    )
+
+    def __init__(self, size: int, *, future: asyncio.Future[None] | None = None) -> None:
+        self.size = size
+        self.remaining = size
+        self.tokens = 0
+        self.pending_items = 0
+        self.pending_tokens = 0
+        self.cancelled = False
+        self.error: BaseException | None = None
+        self.future = future
+        self.out: Any = None
+        self.submitted_at = time.monotonic()
+        self.finished_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.cancelled or self.remaining == 0
+
+    def finish(self, now: float) -> None:
+        self.finished_at = now
+        if self.future is not None and not self.future.done():
+            self.future.set_result(None)
+
+    def fail(self, error: BaseException, now: float) -> None:
+        self.cancelled = True
+        self.error = error
+        self.finished_at = now
+        if self.future is not None and not self.future.done():
+            self.future.set_exception(error)
+
+
+@dataclass(slots=True, eq=False)
+class Item:
+    """One text of a job: its place in the caller's list and its token ids."""
+
+    job: Job
+    index: int
+    length: int
+    ids: Sequence[int] = ()
+    generation: int = 0
+    enqueued_at: float = 0.0
+    attempts: int = 0
+
+
+@dataclass(slots=True)
+class LengthBuckets:
+    """Pending items grouped by token length, so either end is reached in O(1).
+
+    Within one length, items leave in arrival order.
+    """
+
+    _by_length: dict[int, deque[Item]] = field(default_factory=dict)
+    _lengths: list[int] = field(default_factory=list)  # sorted, only non-empty lengths
+    count: int = 0  # items held, those of cancelled jobs included until they are cut
+
+    def push(self, item: Item) -> None:
+        bucket = self._by_length.get(item.length)
+        if bucket is None:
+            bucket = self._by_length[item.length] = deque()
+            bisect.insort(self._lengths, item.length)
+        bucket.append(item)
+        self.count += 1
+
+    def push_all(self, items: Iterable[Item]) -> None:
+        for item in items:
+            self.push(item)
+
+    def shortest(self) -> int | None:
+        return self._lengths[0] if self._lengths else None
+
+    def longest(self) -> int | None:
+        return self._lengths[-1] if self._lengths else None
+
+    def cut(self, end: End, cut: Cut) -> None:
+        """Move items from `end` into `cut` until it admits no more or this structure is empty.
+
+        Items of cancelled jobs are dropped on the way.
+        """
+        lengths = self._lengths
+        while lengths:
+            position = -1 if end is End.LONG else 0
+            length = lengths[position]
+            bucket = self._by_length[length]
+            while bucket:
+                item = bucket[0]
+                if item.job.cancelled:
+                    bucket.popleft()
+                    self.count -= 1
+                    continue
+                if not cut.admits(length):
+                    return
+                bucket.popleft()
+                self.count -= 1
+                cut.add(item)
+            del self._by_length[length]
+            lengths.pop(position)
+
+
+@dataclass(slots=True)
+class Cut:
+    """A batch being cut, and its limits.
+
+    `area_budget` bounds the padded size, `count * longest`, which is what memory pays for;
+    `token_target` bounds the real tokens, which is what time pays for. The first item is
+    always admitted, so an item longer than the budget is a batch of one.
+    """
+
+    area_budget: int
+    token_target: int
+    max_items: int | None = None
+    items: list[Item] = field(default_factory=list)
+    longest: int = 0
+    tokens: int = 0
+
+    def admits(self, length: int) -> bool:
+        count = len(self.items)
+        if not count:
+            return True
+        if self.max_items is not None and count >= self.max_items:
+            return False
+        if (count + 1) * max(self.longest, length) > self.area_budget:
+            return False
+        return self.tokens + length <= self.token_target
+
+    def add(self, item: Item) -> None:
+        self.items.append(item)
+        self.tokens += item.length
+        self.longest = max(self.longest, item.length)
+
+    @property
+    def area(self) -> int:
+        return len(self.items) * self.longest

@@ -1,0 +1,157 @@
+"""The command line: `embedx serve | info | check | embed`, every setting also a flag."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from embedx.config import Settings, env_name, load_settings
+from embedx.errors import ConfigError, EmbedxError
+
+# `embedx check` exit codes, documented in DEPLOY.md
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_DEVICES = 3
+EXIT_WARM = 4
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "settings (each also EMBEDX_<NAME> or a key in $EMBEDX_CONFIG)"
+    )
+    for f in dataclasses.fields(Settings):
+        group.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            default=None,
+            metavar="VALUE",
+            help=f"{f.metadata['help']} [{env_name(f.name)}]",
+        )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embedx", description="Text embeddings on every GPU.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the HTTP server")
+    info = commands.add_parser("info", help="print the settings and devices; loads no model")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    check = commands.add_parser("check", help="validate settings and devices (preflight)")
+    check.add_argument("--warm", metavar="MODEL", help="also load MODEL, embed once, unload")
+    check.add_argument("--warm-pooling", metavar="POOLING", help="pooling for --warm")
+    embed = commands.add_parser("embed", help="embed texts given as arguments or on stdin")
+    embed.add_argument("model")
+    embed.add_argument("texts", nargs="*", help="texts (default: one per line on stdin)")
+    embed.add_argument("--pooling", dest="model_pooling")
+    for command in (serve, info, check, embed):
+        _add_setting_flags(command)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    names = {f.name for f in dataclasses.fields(Settings)}
+    return load_settings({k: v for k, v in vars(args).items() if k in names})
+
+
+def _info(settings: Settings, as_json: bool) -> int:
+    from embedx.devices import discover
+
+    devices = [d.as_dict() for d in discover(settings)]
+    if as_json:
+        print(json.dumps({"settings": settings.redacted(), "devices": devices}, indent=2))
+        return EXIT_OK
+    print("settings:")
+    for key, value in settings.redacted().items():
+        print(f"  {key:26} {value}")
+    print("devices (fastest first, by static score until a model measures them):")
+    header = ("device", "name", "free/total GiB", "SMs/cores", "cc", "score")
+    print("  {:8} {:28} {:>15} {:>9} {:>4} {:>7}".format(*header))
+    for d in devices:
+        memory = f"{d['free_memory_bytes'] / 2**30:.1f}/{d['total_memory_bytes'] / 2**30:.1f}"
+        print(
+            f"  {d['device']:8} {d['name'][:28]:28} {memory:>15} {d['multiprocessors']:>9} "
+            f"{d['compute_capability'] or '-':>4} {d['score']:>7}"
+        )
+    return EXIT_OK
+
+
+async def _warm(settings: Settings, model: str, pooling: str | None) -> dict[str, Any]:
+    from embedx.devices import discover, open_accelerator
+    from embedx.models.catalog import load_catalog
+    from embedx.registry import LoadRequest, ModelRegistry
+
+    registry = ModelRegistry(
+        settings, load_catalog(settings.models_file), discover(settings), open_accelerator
+    )
+    try:
+        async with registry.lease(model, LoadRequest(pooling=pooling)) as engine:
+            result = await engine.embed(["embedx check --warm"])
+            described = engine.describe()
+            described["vector_dimensions"] = int(result.vectors.shape[1])
+    finally:
+        await registry.drain(settings.drain_timeout_s)
+    described["resident_after"] = len(registry.residents())
+    return described
+
+
+def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
+    from embedx.devices import discover
+    from embedx.models.catalog import load_catalog
+
+    try:
+        load_catalog(settings.models_file)
+    except EmbedxError as exc:
+        print(f"embedx check: catalog: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        devices = discover(settings)
+    except EmbedxError as exc:
+        print(f"embedx check: devices: {exc.message}", file=sys.stderr)
+        return EXIT_DEVICES
+    except Exception as exc:  # a broken driver shows up here
+        print(f"embedx check: devices: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_DEVICES
+    print(f"embedx check: settings ok; devices: {', '.join(d.label for d in devices)}")
+    if warm:
+        try:
+            described = asyncio.run(_warm(settings, warm, pooling))
+        except EmbedxError as exc:
+            print(f"embedx check: warm {warm}: {exc.message}", file=sys.stderr)
+            return EXIT_WARM
+        print(f"embedx check: warmed {warm}: {json.dumps(described)}")
+    return EXIT_OK
+
+
+def _embed(settings: Settings, model: str, texts: Sequence[str], pooling: str | None) -> int:
+    from embedx.embedder import Embedder
+
+    texts = list(texts) or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    with Embedder(model, pooling=pooling, settings=settings) as embedder:
+        for vector in embedder.embed(texts):
+            print(json.dumps([round(float(x), 7) for x in vector]))
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+        if args.command == "info":
+            return _info(settings, args.json)
+        if args.command == "check":
+            return _check(settings, args.warm, args.warm_pooling)
+        if args.command == "embed":
+            return _embed(settings, args.model, args.texts, args.model_pooling)
+        from embedx.server.run import serve
+
+        return serve(settings)
+    except ConfigError as exc:
+        print(f"embedx: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
+    except EmbedxError as exc:
+        print(f"embedx: {exc.message}", file=sys.stderr)
+        return 1

@@ -1,0 +1,309 @@
+"""Settings: defaults < TOML at $EMBEDX_CONFIG < EMBEDX_* environment < CLI flags, checked once."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from embedx.errors import ConfigError
+
+ENV_PREFIX = "EMBEDX_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# Requests name their model; a server-wide model or pooling would hide that.
+REFUSED_ENV = {
+    "EMBEDX_MODEL_ID": "requests name their model: send `model` in each request, "
+    "or add the model to the catalog (EMBEDX_MODELS_FILE)",
+    "EMBEDX_POOLING": "pooling is stated per model: send `pooling` with the first request "
+    "for a model, or set it in the catalog (EMBEDX_MODELS_FILE)",
+}
+
+
+def _bool(raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _int(minimum: int) -> Callable[[object], int]:
+    def parse(raw: object) -> int:
+        if isinstance(raw, bool):
+            raise ValueError("expected an integer")
+        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+        if value < minimum:
+            raise ValueError(f"must be at least {minimum}")
+        return value
+
+    return parse
+
+
+def _optional(parse: Callable[[object], Any]) -> Callable[[object], Any]:
+    def wrapped(raw: object) -> Any:
+        if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none")):
+            return None
+        return parse(raw)
+
+    return wrapped
+
+
+def _seconds(raw: object) -> float:
+    value = float(str(raw).strip()) if not isinstance(raw, int | float) else float(raw)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
+def _text(raw: object) -> str:
+    return str(raw)
+
+
+def _log_level(raw: object) -> str:
+    value = str(raw).strip().lower()
+    if value not in LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
+    return value
+
+
+def _port(raw: object) -> int:
+    value = _int(0)(raw)
+    if value > 65535:
+        raise ValueError("must be at most 65535")
+    return value
+
+
+def _device_key(token: str) -> str:
+    token = token.strip().lower()
+    if token == "cpu" or token.isdigit():
+        return token
+    raise ValueError(f"device {token!r} is neither a GPU index nor 'cpu'")
+
+
+def _devices(raw: object) -> tuple[str, ...] | None:
+    if isinstance(raw, list | tuple):
+        tokens = [str(t) for t in raw]
+    else:
+        text = str(raw).strip().lower()
+        if text in ("", "auto"):
+            return None
+        tokens = text.split(",")
+    keys = tuple(_device_key(t) for t in tokens if t.strip())
+    if not keys:
+        raise ValueError("names no device")
+    if len(set(keys)) != len(keys):
+        raise ValueError("names a device twice")
+    return keys
+
+
+def _device_map(value_parse: Callable[[str], Any]) -> Callable[[object], dict[str, Any]]:
+    def parse(raw: object) -> dict[str, Any]:
+        if isinstance(raw, Mapping):
+            pairs = [(str(k), str(v)) for k, v in raw.items()]
+        else:
+            text = str(raw).strip()
+            pairs = []
+            for part in filter(None, (p.strip() for p in text.split(","))):
+                key, sep, value = part.partition("=")
+                if not sep:
+                    raise ValueError(f"{part!r} is not DEVICE=VALUE")
+                pairs.append((key, value))
+        return {_device_key(k): value_parse(v.strip()) for k, v in pairs}
+
+    return parse
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if value <= 0:
+        raise ValueError("must be positive")
+    return value
+
+
+def _wrapping(raw: object) -> str:
+    template = str(raw)
+    if template.count("{text}") != 1:
+        raise ValueError("must contain {text} exactly once")
+    return template
+
+
+def _path(raw: object) -> Path:
+    return Path(str(raw)).expanduser()
+
+
+def _setting(default: Any, parse: Callable[[object], Any], help: str, shown: str = "") -> Any:
+    metadata = {"parse": parse, "help": help, "shown": shown}
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every operator setting. The README's configuration table is rendered from these fields."""
+
+    host: str = _setting("127.0.0.1", _text, "Address to bind. Beyond loopback, set an API key.")
+    port: int = _setting(8477, _port, "TCP port.")
+    api_key: str | None = _setting(
+        None, _optional(_text), "Bearer token required on every route but /health.", "unset"
+    )
+    log_level: str = _setting("info", _log_level, "One of debug, info, warning, error.")
+    devices: tuple[str, ...] | None = _setting(
+        None,
+        _devices,
+        "Devices to serve on: GPU indices and `cpu`, e.g. `0,1,cpu`. "
+        "`auto`: every GPU, or the CPU when there is none.",
+        "auto",
+    )
+    max_batch_tokens: int = _setting(
+        16384, _int(1), "Cap on a batch's padded tokens (items x longest) on any device."
+    )
+    max_batch_items: int | None = _setting(
+        None, _optional(_int(1)), "Cap on the number of texts in one batch.", "unset"
+    )
+    device_weights: dict[str, float] = _setting(
+        {},
+        _device_map(_positive_float),
+        "Static speed scores that rank devices before the first measurement, "
+        "e.g. `0=1,cpu=0.02`. Never a load ratio: measured speed replaces them.",
+        "unset",
+    )
+    device_batch_tokens: dict[str, int] = _setting(
+        {},
+        _device_map(_int(1)),
+        "Per-device token budget that overrides the memory-derived one, e.g. `cpu=2048`.",
+        "unset",
+    )
+    models_file: Path | None = _setting(
+        None, _optional(_path), "TOML catalog of named models (source, pooling, prompts).", "unset"
+    )
+    catalog_only: bool = _setting(
+        False, _bool, "Serve only catalog models; any other name is a 404."
+    )
+    revision: str | None = _setting(
+        None, _optional(_text), "Default Hugging Face revision for hub models.", "unset"
+    )
+    normalize: bool = _setting(True, _bool, "L2-normalize embeddings unless a request says not.")
+    wrapping: str | None = _setting(
+        None,
+        _optional(_wrapping),
+        "Template applied to every input, with `{text}` exactly once, e.g. `query: {text}`.",
+        "unset",
+    )
+    max_request_items: int = _setting(2048, _int(1), "Most inputs in one request.")
+    max_request_bytes: int = _setting(32_000_000, _int(1), "Largest request body, in bytes.")
+    max_concurrent_requests: int = _setting(
+        8, _int(1), "Embedding requests in flight; the rest wait."
+    )
+    request_queue_timeout_s: float = _setting(
+        30.0, _seconds, "How long a request may wait for a slot before a 503."
+    )
+    default_keep_alive_s: float = _setting(
+        600.0, _seconds, "Idle seconds before a model unloads; 0 unloads when its last user leaves."
+    )
+    max_loaded_models: int = _setting(
+        4, _int(1), "Most models resident at once; the least recently used idle one is evicted."
+    )
+    max_concurrent_loads: int = _setting(2, _int(1), "Models loading at the same time.")
+    smoke_test_on_load: bool = _setting(True, _bool, "Embed one text after loading, before use.")
+    batch_timeout_s: float = _setting(
+        60.0,
+        _seconds,
+        "A batch running longer than this (and 20x its expected time) marks its device hung.",
+    )
+    drain_timeout_s: float = _setting(
+        30.0, _seconds, "On shutdown, how long in-flight requests may take to finish."
+    )
+
+    def redacted(self) -> dict[str, Any]:
+        """The resolved settings, safe to show: the API key only as set or not."""
+        shown: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "api_key":
+                value = "set" if value else "unset"
+            elif f.name == "devices" and value is None:
+                value = "auto"
+            elif isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            shown[f.name] = value
+        return shown
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def _parse(name: str, raw: object, origin: str) -> Any:
+    f = Settings.__dataclass_fields__[name]
+    try:
+        return f.metadata["parse"](raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{origin}: {name} = {raw!r} is not valid: {exc}") from None
+
+
+def load_settings(
+    overrides: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Resolve every setting; any bad key or value raises ConfigError naming it."""
+    environ = os.environ if environ is None else environ
+    names = set(Settings.__dataclass_fields__)
+    values: dict[str, Any] = {}
+
+    for var, why in REFUSED_ENV.items():
+        if var in environ:
+            raise ConfigError(f"{var} is not a setting: {why}.")
+
+    config_path = environ.get("EMBEDX_CONFIG")
+    if config_path:
+        path = Path(config_path).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"EMBEDX_CONFIG points to {path}, which is not a file.")
+        try:
+            table = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"EMBEDX_CONFIG {path} cannot be read: {exc}") from None
+        for key, raw in table.items():
+            if key not in names:
+                raise ConfigError(f"{path}: unknown setting {key!r}.")
+            values[key] = _parse(key, raw, str(path))
+
+    for var, raw in environ.items():
+        if not var.startswith(ENV_PREFIX) or var == "EMBEDX_CONFIG":
+            continue
+        key = var[len(ENV_PREFIX) :].lower()
+        if key not in names:
+            raise ConfigError(f"unknown setting {var} in the environment.")
+        values[key] = _parse(key, raw, "environment " + var)
+
+    for key, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        if key not in names:
+            raise ConfigError(f"unknown setting {key!r}.")
+        values[key] = _parse(key, raw, "--" + key.replace("_", "-"))
+
+    return Settings(**values)
+
+
+def settings_table() -> str:
+    """The README's configuration table, rendered from Settings so the two cannot drift."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(Settings):
+        shown = f.metadata["shown"]
+        if not shown:
+            default = f.default
+            shown = str(default).lower() if isinstance(default, bool) else str(default)
+            if isinstance(default, float) and default.is_integer():
+                shown = str(int(default))
+        lines.append(f"| `{env_name(f.name)}` | `{shown}` | {f.metadata['help']} |")
+    return "\n".join(lines)

@@ -1,0 +1,363 @@
+"""Devices: discovery (torch + NVML), ranking, memory-derived token budgets, and the CUDA and CPU
+accelerators that run a batch and let the event loop await it. The only module that names CUDA."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from embedx.config import Settings
+from embedx.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+T = TypeVar("T")
+
+# Activation memory is measured on a probe batch; this much of the free memory is left
+# unused for the allocator's fragmentation and other tenants' growth.
+MEMORY_HEADROOM = 0.15
+MIN_BATCH_TOKENS = 256
+# On the CPU larger batches only fall out of the caches: 512 to 4096 tokens ran fastest
+# (all-MiniLM-L6-v2, 2 cores), 16384 a quarter slower.
+CPU_BATCH_TOKENS = 4096
+POLL_S = 0.0005  # CUDA event polling step once a batch is due
+
+
+class DeviceHung(RuntimeError):
+    """A batch ran far past its expected time."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What discovery found out about one device, before any model is loaded."""
+
+    key: str  # as EMBEDX_DEVICES names it: "0", "1", ... or "cpu"
+    name: str
+    total_memory: int
+    free_memory: int
+    multiprocessors: int  # CUDA SMs, or CPU cores
+    compute_capability: tuple[int, int] | None
+    score: float  # static speed score: ranks devices until a model measures them
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.key != "cpu"
+
+    @property
+    def label(self) -> str:
+        return f"cuda:{self.key}" if self.is_cuda else "cpu"
+
+    @property
+    def supports_bf16(self) -> bool:
+        return self.compute_capability is not None and self.compute_capability >= (8, 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.label,
+            "name": self.name,
+            "total_memory_bytes": self.total_memory,
+            "free_memory_bytes": self.free_memory,
+            "multiprocessors": self.multiprocessors,
+            "compute_capability": (
+                ".".join(map(str, self.compute_capability)) if self.compute_capability else None
+            ),
+            "score": round(self.score, 3),
+        }
+
+
+def _cuda_score(multiprocessors: int, capability: tuple[int, int]) -> float:
+    """Dense matrix throughput per SM roughly doubles with each tensor-core generation."""
+    per_sm = {7: 1.0, 8: 2.0, 9: 4.0, 10: 8.0}.get(capability[0], 0.5)
+    return multiprocessors * per_sm
+
+
+def _nvml_free_memory() -> dict[str, tuple[int, int]]:
+    """Free and total memory by GPU UUID, from NVML (which sees other processes' use)."""
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return {}
+    found: dict[str, tuple[int, int]] = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            found[uuid.removeprefix("GPU-")] = (int(memory.free), int(memory.total))
+    finally:
+        pynvml.nvmlShutdown()
+    return found
+
+
+def _cpu_memory() -> tuple[int, int]:
+    """(available, total) bytes of host memory."""
+    fields: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                key, _, rest = line.partition(":")
+                fields[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        return 0, 0
+    return fields.get("MemAvailable", 0), fields.get("MemTotal", 0)
+
+
+def discover(settings: Settings) -> list[DeviceInfo]:
+    """The devices to serve on, fastest (by static score) first.
+
+    `EMBEDX_DEVICES` picks GPU indices (as torch numbers them, after CUDA_VISIBLE_DEVICES)
+    and `cpu`; `auto` means every GPU, or the CPU when there is none.
+    """
+    import torch
+
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    wanted = settings.devices
+    if wanted is None:
+        wanted = tuple(str(i) for i in range(cuda_count)) or ("cpu",)
+    nvml = _nvml_free_memory() if cuda_count else {}
+    found: list[DeviceInfo] = []
+    for key in wanted:
+        if key == "cpu":
+            available, total = _cpu_memory()
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+            found.append(DeviceInfo("cpu", "cpu", total, available, cores, None, cores * 0.02))
+            continue
+        index = int(key)
+        if index >= cuda_count:
+            raise ConfigError(
+                f"EMBEDX_DEVICES names GPU {index}, but torch sees {cuda_count} GPU(s)"
+                + (
+                    " (CUDA_VISIBLE_DEVICES is set)"
+                    if os.environ.get("CUDA_VISIBLE_DEVICES")
+                    else ""
+                )
+            )
+        props = torch.cuda.get_device_properties(index)
+        capability = (props.major, props.minor)
+        uuid = str(getattr(props, "uuid", ""))
+        free, total = nvml.get(uuid, (0, 0))
+        if not total:  # NVML unavailable: ask the CUDA runtime (this creates a context)
+            free, total = torch.cuda.mem_get_info(index)
+        found.append(
+            DeviceInfo(
+                key,
+                props.name,
+                int(total),
+                int(free),
+                props.multi_processor_count,
+                capability,
+                _cuda_score(props.multi_processor_count, capability),
+            )
+        )
+    weights = settings.device_weights
+    unknown = set(weights) - {d.key for d in found}
+    if unknown:
+        raise ConfigError(f"EMBEDX_DEVICE_WEIGHTS names devices not served: {sorted(unknown)}")
+    found = [
+        DeviceInfo(
+            d.key,
+            d.name,
+            d.total_memory,
+            d.free_memory,
+            d.multiprocessors,
+            d.compute_capability,
+            weights.get(d.key, d.score),
+        )
+        for d in found
+    ]
+    return sorted(found, key=lambda d: -d.score)
+
+
+def token_budget(
+    free_memory: int,
+    bytes_per_token: float,
+    inflight: int,
+    *,
+    cap: int,
+    override: int | None = None,
+) -> int:
+    """Padded tokens per batch a device can hold `inflight` of, within `cap`; an operator's
+    per-device `override` wins."""
+    if override is not None:
+        return override
+    if bytes_per_token <= 0:  # the CPU: memory is not what limits it
+        return min(cap, CPU_BATCH_TOKENS)
+    usable = free_memory * (1 - MEMORY_HEADROOM)
+    fits = int(usable / (bytes_per_token * inflight))
+    return max(MIN_BATCH_TOKENS, min(cap, fits))
+
+
+class Launch(Generic[T]):
+    """A batch handed to a device, to be awaited with `Accelerator.result`."""
+
+    __slots__ = ()
+
+
+class Accelerator(Protocol):
+    """Runs batches on one device and lets the event loop await them without blocking."""
+
+    info: DeviceInfo
+    device: torch.device
+    max_inflight: int
+
+    def launch(self, work: Callable[[], T]) -> Launch[T]: ...
+
+    async def result(self, launch: Launch[T], deadline_s: float) -> tuple[T, float]:
+        """The work's output and the device seconds it took; DeviceHung past the deadline."""
+        ...
+
+    def free_memory(self) -> int: ...
+
+    def allocated_memory(self) -> int: ...
+
+    def peak_memory(self, reset: bool = False) -> int: ...
+
+    def release_cached_memory(self) -> None: ...
+
+    def is_out_of_memory(self, error: BaseException) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class CudaLaunch(Launch[T]):
+    output: T
+    started: Any  # torch.cuda.Event
+    finished: Any  # torch.cuda.Event
+    launched_at: float
+
+
+class CudaAccelerator:
+    """One GPU: batches run on a dedicated stream; completion is seen by polling a CUDA event.
+
+    `launch` only enqueues work, so two batches can be in flight: the next one is built and
+    launched while the GPU runs the current one.
+    """
+
+    max_inflight = 2
+
+    def __init__(self, info: DeviceInfo) -> None:
+        import torch
+
+        self.info = info
+        self.device = torch.device("cuda", int(info.key))
+        self._torch = torch
+        with torch.cuda.device(self.device):
+            self.stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+
+    def launch(self, work: Callable[[], T]) -> CudaLaunch[T]:
+        cuda = self._torch.cuda
+        with cuda.device(self.device), cuda.stream(self.stream):
+            started = cuda.Event(enable_timing=True)
+            finished = cuda.Event(enable_timing=True)
+            started.record(self.stream)
+            output = work()
+            finished.record(self.stream)
+        return CudaLaunch(output, started, finished, time.monotonic())
+
+    async def result(self, launch: Launch[T], deadline_s: float) -> tuple[T, float]:
+        assert isinstance(launch, CudaLaunch)
+        finished = launch.finished
+        give_up = launch.launched_at + deadline_s
+        while not finished.query():
+            if time.monotonic() > give_up:
+                raise DeviceHung(f"{self.info.label}: a batch ran past {deadline_s:.1f} s")
+            await asyncio.sleep(POLL_S)
+        return launch.output, launch.started.elapsed_time(finished) / 1000.0
+
+    def free_memory(self) -> int:
+        free, _ = self._torch.cuda.mem_get_info(self.device)
+        return int(free)
+
+    def allocated_memory(self) -> int:
+        return int(self._torch.cuda.memory_allocated(self.device))
+
+    def peak_memory(self, reset: bool = False) -> int:
+        cuda = self._torch.cuda
+        if reset:
+            cuda.synchronize(self.device)
+            cuda.reset_peak_memory_stats(self.device)
+        return int(cuda.max_memory_allocated(self.device))
+
+    def release_cached_memory(self) -> None:
+        with self._torch.cuda.device(self.device):
+            self._torch.cuda.synchronize()
+            self._torch.cuda.empty_cache()
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        return isinstance(error, self._torch.OutOfMemoryError)
+
+    def close(self) -> None:
+        self.release_cached_memory()
+
+
+@dataclass(slots=True)
+class ThreadLaunch(Launch[T]):
+    future: concurrent.futures.Future[tuple[T, float]]
+    launched_at: float
+
+
+class CpuAccelerator:
+    """The host CPU: torch blocks its caller here, so batches run on one worker thread."""
+
+    max_inflight = 1
+
+    def __init__(self, info: DeviceInfo) -> None:
+        import torch
+
+        self.info = info
+        self.device = torch.device("cpu")
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedx-cpu")
+
+    def launch(self, work: Callable[[], T]) -> ThreadLaunch[T]:
+        def timed() -> tuple[T, float]:
+            started = time.perf_counter()
+            output = work()
+            return output, time.perf_counter() - started
+
+        return ThreadLaunch(self._executor.submit(timed), time.monotonic())
+
+    async def result(self, launch: Launch[T], deadline_s: float) -> tuple[T, float]:
+        assert isinstance(launch, ThreadLaunch)
+        remaining = launch.launched_at + deadline_s - time.monotonic()
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(launch.future), max(0.0, remaining))
+        except TimeoutError:
+            raise DeviceHung(f"cpu: a batch ran past {deadline_s:.1f} s") from None
+
+    def free_memory(self) -> int:
+        return _cpu_memory()[0]
+
+    def allocated_memory(self) -> int:
+        return 0
+
+    def peak_memory(self, reset: bool = False) -> int:
+        return 0
+
+    def release_cached_memory(self) -> None:
+        return None
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        import torch
+
+        return isinstance(error, torch.OutOfMemoryError) or (
+            isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+        )
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def open_accelerator(info: DeviceInfo) -> Accelerator:
+    return CudaAccelerator(info) if info.is_cuda else CpuAccelerator(info)

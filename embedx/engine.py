@@ -1,0 +1,529 @@
+"""Engine: one model replicated on N devices; `await embed(texts)` returns float32 vectors in order.
+
+Each device has a DeviceWorker task that claims batches from the model's ConvergingQueue and
+runs them through its accelerator: on CUDA, launched on the device's own stream with the
+next batch launched before the current one is awaited; on the CPU, on one worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from embedx.batching import Item, Job
+from embedx.devices import Accelerator, DeviceHung, token_budget
+from embedx.errors import (
+    Bug,
+    EmptyInput,
+    InvalidInput,
+    NoDeviceFits,
+    ShuttingDown,
+    SmokeTestFailed,
+)
+from embedx.models.catalog import ModelSpec, check_template
+from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype, weight_bytes
+from embedx.models.packing import HostBatch, pack, to_device
+from embedx.models.pooling import Pooling, check_dimensions, finish
+from embedx.models.tokenizer import TextTokenizer
+from embedx.scheduler import Claim, ConvergingQueue, DeviceSlot
+from embedx.telemetry import LATENCY_BUCKETS_S, TOKEN_BUCKETS, Histogram
+
+if TYPE_CHECKING:
+    import torch
+
+    from embedx.models.source import ModelFiles
+
+log = logging.getLogger("embedx.engine")
+
+TOKENIZE_CHUNK = 4096  # texts tokenized per step, so the first batch starts early
+HANG_FACTOR = 20  # a batch taking this many times its expected time marks its device hung
+SMOKE_TEXT = "embedx smoke test: the quick brown fox jumps over the lazy dog."
+
+
+class EngineState(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedOptions:
+    dimensions: int | None = None
+    normalize: bool | None = None  # None: the server's EMBEDX_NORMALIZE
+    truncate: bool = True  # False: an over-long text is an error, not cut
+    input_type: str | None = None  # picks a catalog prompt template: query or passage
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    vectors: np.ndarray  # (N, D) float32, in the caller's order
+    tokens: int
+    truncated: int
+    queue_s: float  # from the last text's submission to the last batch's start
+    total_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """What the engine takes from the settings."""
+
+    normalize: bool = True
+    wrapping: str | None = None
+    max_batch_tokens: int = 16384
+    max_batch_items: int | None = None
+    device_batch_tokens: dict[str, int] | None = None
+    batch_timeout_s: float = 60.0
+    smoke_test: bool = True
+
+
+class Replica:
+    """A model on one device, with what the load-time probe measured there."""
+
+    def __init__(self, accelerator: Accelerator, model: EmbeddingModel) -> None:
+        self.accelerator = accelerator
+        self.model = model
+        self.pinned = accelerator.device.type == "cuda"
+
+    def run(self, host: HostBatch) -> torch.Tensor:
+        """Enqueue one batch (on the accelerator's stream): vectors end up in host memory."""
+        import torch
+
+        batch = to_device(host, self.accelerator.device, self.pinned)
+        vectors = self.model.forward(batch)
+        if not self.pinned:
+            return vectors
+        out = torch.empty(vectors.shape, dtype=vectors.dtype, pin_memory=True)
+        out.copy_(vectors, non_blocking=True)
+        return out
+
+
+class DeviceWorker:
+    """Claims batches for one device and runs them, keeping up to `max_inflight` launched."""
+
+    def __init__(self, engine: Engine, replica: Replica, slot: DeviceSlot) -> None:
+        self.engine = engine
+        self.replica = replica
+        self.slot = slot
+        self.queue = engine.queue
+        self.batch_tokens = Histogram(TOKEN_BUCKETS)
+
+    async def run(self) -> None:
+        accelerator = self.replica.accelerator
+        inflight: list[tuple[Claim, Any]] = []
+        try:
+            while self.slot.active:
+                while len(inflight) < accelerator.max_inflight:
+                    claim = self.queue.claim(self.slot)
+                    if claim is None:
+                        break
+                    launched = self._launch(claim)
+                    if launched is not None:
+                        inflight.append((claim, launched))
+                if not inflight:
+                    await self.queue.wait_for_work(self.slot)
+                    continue
+                claim, launched = inflight[0]
+                deadline = max(self.engine.options.batch_timeout_s, HANG_FACTOR * claim.expected_s)
+                try:
+                    output, seconds = await accelerator.result(launched, deadline)
+                except DeviceHung as exc:
+                    log.error("%s", exc)
+                    self.queue.quarantine(self.slot, str(exc))
+                    return
+                except Exception as exc:
+                    inflight.pop(0)
+                    self._failed(claim, exc)
+                    continue
+                inflight.pop(0)
+                self._deliver(claim, output, seconds)
+        finally:
+            # Cancelled or quarantined: what this worker still holds goes back to the queue.
+            for claim, _ in inflight:
+                self.queue.release(claim)
+
+    def _launch(self, claim: Claim) -> Any:
+        try:
+            host = pack([item.ids for item in claim.items])
+            return self.replica.accelerator.launch(lambda: self.replica.run(host))
+        except Exception as exc:
+            self._failed(claim, exc)
+            return None
+
+    def _failed(self, claim: Claim, exc: Exception) -> None:
+        oom = self.replica.accelerator.is_out_of_memory(exc)
+        log.warning(
+            "%s: batch of %d texts (%d tokens) failed%s: %r",
+            self.slot.name,
+            len(claim.items),
+            claim.tokens,
+            " (out of memory: halving its budget)" if oom else "",
+            exc,
+        )
+        self.queue.fail(claim, exc, out_of_memory=oom)
+
+    def _deliver(self, claim: Claim, output: torch.Tensor, seconds: float) -> None:
+        if not self.queue.holds(claim):
+            return  # revoked: the device was quarantined, others ran these items
+        rows = output.numpy()
+        jobs: dict[int, tuple[Job, list[int], list[int]]] = {}
+        for row, item in enumerate(claim.items):
+            job = item.job
+            if job.cancelled:
+                continue
+            entry = jobs.get(id(job))
+            if entry is None:
+                entry = jobs[id(job)] = (job, [], [])
+            entry[1].append(item.index)
+            entry[2].append(row)
+        for job, indices, picked in jobs.values():
+            job.out[indices] = rows[picked]
+        self.batch_tokens.observe(claim.tokens)
+        self.queue.complete(claim, seconds)
+
+
+class Engine:
+    """One model on every device it fits on, fed by one converging queue."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        files: ModelFiles,
+        tokenizer: TextTokenizer,
+        pooling: Pooling,
+        options: EngineOptions,
+    ) -> None:
+        self.spec = spec
+        self.files = files
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.options = options
+        self.state = EngineState.LOADING
+        self.queue = ConvergingQueue(max_batch_items=options.max_batch_items)
+        self.replicas: list[Replica] = []
+        self.workers: list[DeviceWorker] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.dimensions = 0
+        self.dtypes: dict[str, str] = {}
+        self.truncated = 0
+        self.requests = 0
+        self.latency = Histogram(LATENCY_BUCKETS_S)
+        self._jobs_in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.skipped: dict[str, str] = {}  # device -> why the model is not on it
+
+    # -- loading -------------------------------------------------------------------------
+
+    @classmethod
+    async def load(
+        cls,
+        spec: ModelSpec,
+        files: ModelFiles,
+        accelerators: Sequence[Accelerator],
+        options: EngineOptions,
+    ) -> Engine:
+        """Load the model on every device it fits, probe each, start the workers, smoke test.
+
+        Nothing stays resident if any step fails."""
+        if spec.pooling is None:
+            raise Bug("a model reached the engine without a pooling")
+        limit = max_tokens(files)
+        length = min(spec.max_seq_len or files.st_max_seq_len or limit, limit)
+        tokenizer = await asyncio.to_thread(TextTokenizer, files, length)
+        engine = cls(spec, files, tokenizer, spec.pooling, options)
+        try:
+            for accelerator in accelerators:
+                await engine._add_device(accelerator)
+            if not engine.replicas:
+                reasons = "; ".join(f"{k}: {v}" for k, v in engine.skipped.items())
+                raise NoDeviceFits(f"model {spec.name!r} fits on no device ({reasons})")
+            engine._start_workers()
+            engine.state = EngineState.READY
+            if options.smoke_test:
+                await engine._smoke_test()
+        except BaseException:
+            await engine.close()
+            raise
+        return engine
+
+    async def _add_device(self, accelerator: Accelerator) -> None:
+        info = accelerator.info
+        dtype = resolve_dtype(
+            self.spec.dtype, cuda=info.is_cuda, bf16=info.supports_bf16 or not info.is_cuda
+        )
+        needed = weight_bytes(self.files, dtype)
+        if info.is_cuda and needed > accelerator.free_memory():
+            self.skipped[info.label] = (
+                f"needs {needed >> 20} MiB, {accelerator.free_memory() >> 20} MiB free"
+            )
+            return
+        try:
+            model = await asyncio.to_thread(
+                EmbeddingModel,
+                self.files,
+                self.pooling,
+                accelerator.device,
+                dtype,
+                self.spec.implementation,
+            )
+        except Exception as exc:
+            if not accelerator.is_out_of_memory(exc):
+                raise
+            self.skipped[info.label] = "out of memory while loading the weights"
+            accelerator.release_cached_memory()
+            return
+        replica = Replica(accelerator, model)
+        budget, rate, fixed = await self._probe(replica)
+        self.replicas.append(replica)
+        self.dimensions = model.dimensions
+        self.dtypes[info.label] = dtype
+        slot = self.queue.add_device(
+            info.label,
+            budget=budget,
+            rate=rate,
+            fixed_s=fixed,
+            max_inflight=accelerator.max_inflight,
+        )
+        self.workers.append(DeviceWorker(self, replica, slot))
+        log.info(
+            "%s on %s (%s): budget %d tokens, %.0f tokens/s, %.2f ms a batch",
+            self.spec.name,
+            info.label,
+            dtype,
+            budget,
+            rate,
+            fixed * 1000,
+        )
+
+    def _probe_batch(self, tokens: int, length: int) -> HostBatch:
+        vocab = int(self.files.config.get("vocab_size") or 1000)
+        rng = np.random.default_rng(0)
+        count = max(1, tokens // length)
+        ids = rng.integers(min(100, vocab - 1), vocab, size=(count, length)).tolist()
+        return pack(ids)
+
+    async def _probe(self, replica: Replica) -> tuple[int, float, float]:
+        """Measure activation bytes per token (for the budget), then the speed on a small and
+        a large batch (for the scheduler's prior): returns (budget, tokens/s, fixed s)."""
+        accelerator = replica.accelerator
+        info = accelerator.info
+        cap = self.options.max_batch_tokens
+        length = min(self.tokenizer.max_seq_len, 512)
+        per_token = 0.0
+        if info.is_cuda:
+            probe_tokens = min(cap, 8192)
+            base = accelerator.peak_memory(reset=True)
+            await self._timed(replica, self._probe_batch(probe_tokens, length))
+            per_token = (accelerator.peak_memory() - base) / probe_tokens
+        budget = token_budget(
+            accelerator.free_memory(),
+            per_token,
+            accelerator.max_inflight,
+            cap=cap,
+            override=(self.options.device_batch_tokens or {}).get(info.key),
+        )
+        small = self._probe_batch(min(budget, 64), min(length, 32))
+        large_tokens = budget if info.is_cuda else min(budget, 2048)
+        large = self._probe_batch(large_tokens, min(length, 128))
+        await self._timed(replica, small)  # warm-up: kernels, allocator
+        small_s = await self._timed(replica, small)
+        large_s = await self._timed(replica, large)
+        rate = (large.tokens - small.tokens) / max(large_s - small_s, 1e-9)
+        fixed = max(0.0, small_s - small.tokens / rate)
+        if not math.isfinite(rate) or rate <= 0:
+            rate, fixed = large.tokens / large_s, 0.0
+        return budget, rate, fixed
+
+    async def _timed(self, replica: Replica, host: HostBatch) -> float:
+        accelerator = replica.accelerator
+        launched = accelerator.launch(lambda: replica.run(host))
+        _, seconds = await accelerator.result(launched, self.options.batch_timeout_s)
+        return seconds
+
+    def _start_workers(self) -> None:
+        for worker in self.workers:
+            task = asyncio.create_task(worker.run(), name=f"embedx-{worker.slot.name}")
+            self._tasks.append(task)
+
+    async def _smoke_test(self) -> None:
+        try:
+            result = await self.embed([SMOKE_TEXT], EmbedOptions(normalize=False))
+        except Exception as exc:
+            raise SmokeTestFailed(f"model {self.spec.name!r} failed its smoke test: {exc}") from exc
+        vector = result.vectors[0]
+        if not np.isfinite(vector).all() or not np.any(vector):
+            raise SmokeTestFailed(
+                f"model {self.spec.name!r} failed its smoke test: its vector is not finite or zero"
+            )
+
+    # -- embedding -----------------------------------------------------------------------
+
+    def _check_ready(self) -> None:
+        if self.state is not EngineState.READY:
+            raise ShuttingDown(
+                f"model {self.spec.name!r} is {self.state.value}: it was evicted or the server "
+                "is shutting down while this request arrived; send it again"
+            )
+
+    def template_for(self, input_type: str | None) -> str | None:
+        """The template a request's texts go through: the catalog prompt for its input type
+        (or the model's default one), else the server-wide wrapping."""
+        prompts = self.spec.prompts
+        chosen = input_type or self.spec.default_input_type
+        if chosen is not None:
+            if chosen not in prompts:
+                known = ", ".join(sorted(prompts)) or "none"
+                raise InvalidInput(
+                    f"model {self.spec.name!r} has no prompt for input_type {chosen!r} "
+                    f"(it has: {known})",
+                    param="input_type",
+                )
+            return prompts[chosen]
+        return self.options.wrapping
+
+    async def embed(self, texts: Sequence[str], options: EmbedOptions | None = None) -> EmbedResult:
+        """Embed `texts`; rows come back in their order. Cancelling drops the pending work."""
+        options = options or EmbedOptions()
+        self._check_ready()
+        _check_texts(texts)
+        check_dimensions(options.dimensions, self.dimensions)
+        template = self.template_for(options.input_type)
+        if template is not None:
+            check_template(template, "template")
+            before, after = template.split("{text}")
+            texts = [before + text + after for text in texts]
+        started = time.monotonic()
+        job = Job(len(texts), future=asyncio.get_running_loop().create_future())
+        job.out = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        truncated = 0
+        self._jobs_in_flight += 1
+        self._idle.clear()
+        try:
+            for start in range(0, len(texts), TOKENIZE_CHUNK):
+                encoded = await self.tokenizer.encode(
+                    texts[start : start + TOKENIZE_CHUNK], truncate=options.truncate
+                )
+                truncated += encoded.truncated
+                self.queue.submit(
+                    job,
+                    [
+                        Item(job, start + i, length, ids)
+                        for i, (length, ids) in enumerate(
+                            zip(encoded.lengths, encoded.ids, strict=True)
+                        )
+                    ],
+                )
+            submitted = time.monotonic()
+            assert job.future is not None
+            await job.future
+        except BaseException:
+            self.queue.cancel(job)
+            raise
+        finally:
+            self._jobs_in_flight -= 1
+            if not self._jobs_in_flight:
+                self._idle.set()
+        self.truncated += truncated
+        self.requests += 1
+        normalize = self.options.normalize if options.normalize is None else options.normalize
+        vectors = finish(
+            job.out,
+            dimensions=options.dimensions,
+            normalize=normalize,
+            model_normalizes=self.files.normalizes,
+        )
+        now = time.monotonic()
+        self.latency.observe(now - started)
+        return EmbedResult(vectors, job.tokens, truncated, now - submitted, now - started)
+
+    # -- shutting down -------------------------------------------------------------------
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop taking work and wait (up to `timeout_s`) for the work in flight, then close."""
+        if self.state is EngineState.READY:
+            self.state = EngineState.DRAINING
+        slow = asyncio.get_running_loop().call_later(
+            5.0, log.warning, "%s: draining is taking more than 5 s", self.spec.name
+        )
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("%s: in-flight work did not finish in %.0f s", self.spec.name, timeout_s)
+        finally:
+            slow.cancel()
+            await self.close()
+
+    async def close(self) -> None:
+        """Stop the workers, fail what is still queued, and free every device's memory."""
+        if self.state is EngineState.CLOSED:
+            return
+        self.state = EngineState.CLOSED
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        self.queue.close()
+        accelerators = [r.accelerator for r in self.replicas]
+        self.replicas.clear()
+        self.workers.clear()
+        for accelerator in accelerators:
+            accelerator.close()
+
+    # -- reporting -----------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return self._jobs_in_flight
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.spec.name,
+            "state": self.state.value,
+            "pooling": self.pooling.value,
+            "implementation": self.replicas[0].model.implementation if self.replicas else None,
+            "dimensions": self.dimensions,
+            "max_seq_len": self.tokenizer.max_seq_len,
+            "normalizes": self.files.normalizes,
+            "source": self.files.origin,
+            "revision": self.files.revision,
+            "truncated_inputs": self.truncated,
+            "requests": self.requests,
+            "queue": {"items": self.queue.pending_items, "tokens": self.queue.pending_tokens},
+            "devices": [
+                {
+                    "device": w.slot.name,
+                    "dtype": self.dtypes.get(w.slot.name),
+                    "state": w.slot.state.value,
+                    "reason": w.slot.reason,
+                    "budget_tokens": w.slot.budget,
+                    "tokens_per_s": round(w.slot.speed.rate),
+                    "fixed_ms": round(w.slot.speed.fixed * 1000, 3),
+                    "tokens": w.slot.tokens_done,
+                    "batches": w.slot.batches_done,
+                    "busy_s": round(w.slot.busy_s, 3),
+                }
+                for w in self.workers
+            ],
+            "skipped_devices": self.skipped,
+        }
+
+
+def _check_texts(texts: Sequence[str]) -> None:
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise InvalidInput("texts must be a list of strings", param="input")
+    if not texts:
+        raise EmptyInput("texts is empty: send at least one text", param="input")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InvalidInput(f"input {i} is a {type(text).__name__}, not a string", param="input")
+        if not text:
+            raise InvalidInput(f"input {i} is an empty string", param="input")

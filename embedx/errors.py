@@ -1,0 +1,197 @@
+"""Every error embedx raises, each carrying its HTTP status and its OpenAI `type` and `code`."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class EmbedxError(Exception):
+    """Base class. The server turns any subclass into the OpenAI error envelope."""
+
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def envelope(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class ConfigError(EmbedxError):
+    """A setting has a bad value; raised at start-up, before anything is served."""
+
+    code = "invalid_config"
+
+
+class Bug(EmbedxError):
+    """A broken invariant inside embedx. This is a bug: please report it."""
+
+    code = "internal_bug"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message} This is a bug in embedx.")
+
+
+class EmbeddingFailed(EmbedxError):
+    """Every attempt to embed an input failed, on every device."""
+
+    code = "embedding_failed"
+
+
+# 400: the request itself is wrong.
+class InvalidRequest(EmbedxError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class InvalidJSON(InvalidRequest):
+    code = "invalid_json"
+
+
+class InvalidInput(InvalidRequest):
+    code = "invalid_input"
+
+
+class EmptyInput(InvalidRequest):
+    code = "empty_input"
+
+
+class TooManyItems(InvalidRequest):
+    code = "too_many_items"
+
+
+class TokenInputNotSupported(InvalidRequest):
+    code = "unsupported_input"
+
+
+class InputTooLong(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class InvalidOption(InvalidRequest):
+    code = "invalid_option"
+
+
+class UnsupportedDimensions(InvalidRequest):
+    code = "invalid_dimensions"
+
+
+class PoolingRequired(InvalidRequest):
+    code = "pooling_required"
+
+
+class PickleOnlyWeights(InvalidRequest):
+    code = "unsafe_weights"
+
+
+class InvalidModel(InvalidRequest):
+    code = "invalid_model"
+
+
+# 401, 404, 405, 409, 413
+class AuthenticationFailed(EmbedxError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="embedx"'}
+
+
+class NotFound(EmbedxError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class MethodNotAllowed(EmbedxError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+    def __init__(self, message: str, *, allow: list[str]) -> None:
+        super().__init__(message)
+        self.allow = allow
+
+    def headers(self) -> dict[str, str]:
+        return {"Allow": ", ".join(self.allow)}
+
+
+class PoolingConflict(EmbedxError):
+    status = 409
+    type = "invalid_request_error"
+    code = "pooling_conflict"
+
+
+class PayloadTooLarge(EmbedxError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+# 503: the request is fine, embedx cannot serve it now.
+class Unavailable(EmbedxError):
+    status = 503
+    type = "server_error"
+    code = "unavailable"
+    retry_after_s: ClassVar[int] = 5
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class NoDeviceFits(Unavailable):
+    code = "no_device_fits"
+    retry_after_s = 60
+
+
+class NoDeviceAvailable(Unavailable):
+    code = "no_device_available"
+    retry_after_s = 30
+
+
+class SmokeTestFailed(Unavailable):
+    code = "smoke_test_failed"
+    retry_after_s = 60
+
+
+class ModelsBusy(Unavailable):
+    code = "models_busy"
+
+
+class UnverifiableWeights(Unavailable):
+    code = "weights_unverifiable"
+    retry_after_s = 60
+
+
+class ModelUnavailable(Unavailable):
+    code = "model_unavailable"
+    retry_after_s = 30
+
+
+class QueueTimeout(Unavailable):
+    code = "queue_timeout"
+
+
+class ShuttingDown(Unavailable):
+    code = "shutting_down"
+    retry_after_s = 10

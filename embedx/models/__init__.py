@@ -1,0 +1,1 @@
+"""Model code: where a model's files come from, how texts become tokens, and the forward passes."""

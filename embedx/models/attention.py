@@ -1,0 +1,87 @@
+"""Attention over packed texts: flash varlen on CUDA in half precision, padded SDPA elsewhere.
+
+The choice is made once, when a model loads, not inside its forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from embedx.models.packing import PackedBatch
+
+# (q (T, Hq, D), k (T, Hkv, D), v (T, Hkv, D), batch, causal, scale) -> (T, Hq, D)
+Attention = Callable[
+    ["torch.Tensor", "torch.Tensor", "torch.Tensor", "PackedBatch", bool, float], "torch.Tensor"
+]
+
+
+def choose_attention(device: torch.device, dtype: torch.dtype) -> Attention:
+    import torch
+
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        return flash_varlen_attention
+    return padded_attention
+
+
+def flash_varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    batch: PackedBatch,
+    causal: bool,
+    scale: float,
+) -> torch.Tensor:
+    """FlashAttention-2 over the packed rows: no padding, grouped KV heads handled natively."""
+    import torch
+
+    cu = batch.cu_seqlens
+    out = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu, cu, batch.max_len, batch.max_len, 0.0, causal, False, scale=scale
+    )
+    result: torch.Tensor = out[0]
+    return result
+
+
+def padded_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    batch: PackedBatch,
+    causal: bool,
+    scale: float,
+) -> torch.Tensor:
+    """Scatter the packed rows into a right-padded batch, run SDPA with a key mask, gather.
+
+    Right padding keeps causal attention exact: a real token only sees earlier positions.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    count, width = batch.count, batch.max_len
+    where = batch.padded_index
+
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        heads, dim = x.shape[1], x.shape[2]
+        out = x.new_zeros((count * width, heads, dim))
+        out[where] = x
+        return out.view(count, width, heads, dim).transpose(1, 2)  # (B, h, L, D)
+
+    qp, kp, vp = padded(q), padded(k), padded(v)
+    mask = None
+    if not causal:
+        valid = torch.arange(width, device=q.device) < batch.lengths.unsqueeze(1)  # (B, L)
+        mask = valid[:, None, None, :]  # (B, 1, 1, L)
+    out = F.scaled_dot_product_attention(
+        qp,
+        kp,
+        vp,
+        attn_mask=mask,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=kp.shape[1] != qp.shape[1],
+    )  # (B, Hq, L, D)
+    return out.transpose(1, 2).reshape(count * width, q.shape[1], q.shape[2])[where]

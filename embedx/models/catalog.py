@@ -1,0 +1,114 @@
+"""The models catalog: names an operator (or embedx itself) has described once, with their source,
+pooling, dtype, length, keep-alive and prompt templates."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from embedx.errors import ConfigError, InvalidOption
+from embedx.models.pooling import Pooling
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+IMPLEMENTATIONS = ("auto", "native", "transformers")
+INPUT_TYPES = ("query", "passage")
+
+
+def check_dtype(value: str, param: str = "dtype") -> str:
+    if value not in DTYPES:
+        raise InvalidOption(f"dtype {value!r} is not one of {', '.join(DTYPES)}", param=param)
+    return value
+
+
+def check_template(template: str, param: str) -> str:
+    if template.count("{text}") != 1:
+        raise InvalidOption(f"{param} must contain {{text}} exactly once", param=param)
+    return template
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Everything stated about a model before it loads. Unset fields take defaults at load."""
+
+    name: str
+    source: str  # a Hugging Face repo id, a local directory, or "package:<python module>"
+    revision: str | None = None
+    pooling: Pooling | None = None
+    dtype: str = "auto"
+    max_seq_len: int | None = None
+    keep_alive_s: float | None = None
+    prompts: dict[str, str] = field(default_factory=dict)  # input_type -> template
+    default_input_type: str | None = None
+    implementation: str = "auto"  # native model code where embedx has it, else transformers
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+        if self.implementation not in IMPLEMENTATIONS:
+            raise InvalidOption(
+                f"implementation {self.implementation!r} is not one of "
+                + ", ".join(IMPLEMENTATIONS),
+                param="implementation",
+            )
+        for input_type, template in self.prompts.items():
+            if input_type not in INPUT_TYPES:
+                raise InvalidOption(
+                    f"prompt {input_type!r} is not one of {', '.join(INPUT_TYPES)}",
+                    param="prompts",
+                )
+            check_template(template, f"prompts.{input_type}")
+        if self.default_input_type is not None and self.default_input_type not in self.prompts:
+            raise InvalidOption(
+                f"default_input_type {self.default_input_type!r} has no prompt template",
+                param="default_input_type",
+            )
+        if self.max_seq_len is not None and self.max_seq_len < 2:
+            raise InvalidOption("max_seq_len must be at least 2", param="max_seq_len")
+
+    def with_overrides(self, **changes: Any) -> ModelSpec:
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+BUILTIN = "builtin_models.toml"
+
+
+def _entry(name: str, table: dict[str, Any], origin: str) -> ModelSpec:
+    known = {f.name for f in dataclasses.fields(ModelSpec)} - {"name"}
+    unknown = set(table) - known
+    if unknown:
+        raise ConfigError(f"{origin}: model {name!r} has unknown keys {sorted(unknown)}")
+    values = dict(table)
+    if "source" not in values:
+        raise ConfigError(f"{origin}: model {name!r} needs a source")
+    try:
+        if "pooling" in values:
+            values["pooling"] = Pooling.parse(values["pooling"])
+        return ModelSpec(name=name, **values)
+    except (InvalidOption, TypeError) as exc:
+        raise ConfigError(f"{origin}: model {name!r}: {exc}") from None
+
+
+def load_catalog(models_file: Path | None) -> dict[str, ModelSpec]:
+    """The built-in entries, overridden and extended by the operator's models file."""
+    builtin = resources.files("embedx").joinpath(BUILTIN).read_text()
+    tables: list[tuple[str, dict[str, Any]]] = [(BUILTIN, tomllib.loads(builtin))]
+    if models_file is not None:
+        if not models_file.is_file():
+            raise ConfigError(f"EMBEDX_MODELS_FILE points to {models_file}, which is not a file")
+        try:
+            tables.append((str(models_file), tomllib.loads(models_file.read_text())))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{models_file} cannot be read: {exc}") from None
+    catalog: dict[str, ModelSpec] = {}
+    for origin, table in tables:
+        extra = set(table) - {"models"}
+        if extra:
+            raise ConfigError(
+                f"{origin}: unknown top-level keys {sorted(extra)}; use [models.NAME]"
+            )
+        for name, entry in table.get("models", {}).items():
+            catalog[name] = _entry(name, entry, origin)
+    return catalog

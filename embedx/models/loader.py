@@ -1,0 +1,161 @@
+"""A model on one device: picks the architecture's code, loads the weights, adds pooling and the
+sentence-transformers Dense layers, and exposes one call: packed batch in, vectors out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from embedx.errors import InvalidModel
+from embedx.models import bert, qwen3
+from embedx.models.pooling import Pooling, pool
+from embedx.models.source import ModelFiles
+
+if TYPE_CHECKING:
+    import torch
+
+    from embedx.models.packing import PackedBatch
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        if name == "Identity":
+            return x
+        result: torch.Tensor = getattr(F, name.lower())(x)
+        return result
+
+    return apply
+
+
+# sentence-transformers Dense activations, by their torch.nn class name
+ACTIVATIONS = {name: _activation(name) for name in ("Identity", "Tanh", "ReLU", "GELU", "Sigmoid")}
+
+
+class Encoder(Protocol):
+    causal: bool
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor: ...
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
+
+
+def resolve_dtype(requested: str, *, cuda: bool, bf16: bool) -> str:
+    """auto: bfloat16 on GPUs that have it, float16 on older GPUs, float32 on the CPU."""
+    if requested != "auto":
+        return requested
+    if not cuda:
+        return "float32"
+    return "bfloat16" if bf16 else "float16"
+
+
+def native_code(files: ModelFiles) -> str | None:
+    """Which of embedx's own implementations fits this checkpoint, if any."""
+    model_type = files.config.get("model_type")
+    if model_type in bert.MODEL_TYPES:
+        return "bert"
+    if model_type in qwen3.MODEL_TYPES:
+        return "qwen3"
+    return None
+
+
+def max_tokens(files: ModelFiles) -> int:
+    """The longest input the model's position table allows."""
+    code = native_code(files)
+    if code == "bert":
+        return bert.BertConfig.from_json(files.config).max_tokens
+    if code == "qwen3":
+        return qwen3.Qwen3Config.from_json(files.config).max_tokens
+    config = files.config
+    limit = int(config.get("max_position_embeddings") or config.get("n_positions") or 512)
+    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+        limit -= int(config.get("pad_token_id", 1)) + 1
+    return limit
+
+
+def weight_bytes(files: ModelFiles, dtype: str) -> int:
+    """The weights' size on the device, from the files' sizes and the dtype they are saved in."""
+    stored = DTYPE_BYTES.get(str(files.config.get("torch_dtype") or files.config.get("dtype")), 4)
+    on_disk = sum(path.stat().st_size for path in files.weights)
+    return on_disk * DTYPE_BYTES[dtype] // stored
+
+
+@dataclass(slots=True)
+class _Dense:
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    activation: str
+
+
+class EmbeddingModel:
+    """One replica: encoder, pooling and Dense layers on one device."""
+
+    def __init__(
+        self,
+        files: ModelFiles,
+        pooling: Pooling,
+        device: torch.device,
+        dtype: str,
+        implementation: str = "auto",
+    ) -> None:
+
+        self.device = device
+        self.dtype = dtype
+        self.pooling = pooling
+        self.normalizes = files.normalizes
+        target = torch_dtype(dtype)
+        code = native_code(files) if implementation != "transformers" else None
+        if implementation == "native" and code is None:
+            raise InvalidModel(
+                f"embedx has no native code for model_type {files.config.get('model_type')!r}"
+            )
+        self.encoder: Encoder
+        if code == "bert":
+            self.encoder = bert.BertEncoder(
+                bert.BertConfig.from_json(files.config), list(files.weights), device, target
+            )
+        elif code == "qwen3":
+            self.encoder = qwen3.Qwen3Encoder(
+                qwen3.Qwen3Config.from_json(files.config), list(files.weights), device, target
+            )
+        else:
+            from embedx.models.transformers_auto import TransformersEncoder
+
+            self.encoder = TransformersEncoder(files, device, target)
+        self.implementation = code or "transformers"
+        self.dense = [self._load_dense(layer.weights, layer.activation) for layer in files.dense]
+        hidden = int(files.config.get("hidden_size") or files.config.get("d_model") or 0)
+        self.dimensions = int(self.dense[-1].weight.shape[0]) if self.dense else hidden
+
+    def _load_dense(self, path: object, activation: str) -> _Dense:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path), device=str(self.device))
+        weight = tensors.get("linear.weight")
+        if weight is None:
+            raise InvalidModel(f"Dense module {path} has no linear.weight")
+        bias = tensors.get("linear.bias")
+        if activation not in ACTIVATIONS:
+            raise InvalidModel(f"Dense activation {activation} is not one of {sorted(ACTIVATIONS)}")
+        return _Dense(weight.float(), None if bias is None else bias.float(), activation)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        """(B, D) float32 vectors, before any normalization."""
+        import torch
+        import torch.nn.functional as F
+
+        with torch.inference_mode():
+            hidden = self.encoder.forward(batch)  # (T, H)
+            vectors = pool(hidden, batch.cu_seqlens, batch.segments, batch.lengths, self.pooling)
+            for layer in self.dense:
+                vectors = ACTIVATIONS[layer.activation](F.linear(vectors, layer.weight, layer.bias))
+            return vectors

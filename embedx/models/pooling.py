@@ -1,0 +1,78 @@
+"""Pooling of token states into one vector per text, and the host-side finish (matryoshka, L2)."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from embedx.errors import InvalidOption, UnsupportedDimensions
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Pooling(enum.Enum):
+    CLS = "cls"
+    MEAN = "mean"
+    LAST_TOKEN = "last_token"
+
+    @classmethod
+    def parse(cls, value: str, *, param: str = "pooling") -> Pooling:
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(p.value for p in cls)
+            raise InvalidOption(f"pooling {value!r} is not one of {choices}", param=param) from None
+
+
+def pool(
+    hidden: torch.Tensor,  # (T, H): every text's token states, packed end to end
+    cu_seqlens: torch.Tensor,  # (B + 1,) int32: text b owns rows cu[b]:cu[b + 1]
+    segments: torch.Tensor,  # (T,) int64: which text each row belongs to
+    lengths: torch.Tensor,  # (B,) float32: tokens per text
+    pooling: Pooling,
+) -> torch.Tensor:
+    """One float32 vector per text, (B, H). Sums run in float32 whatever the model's dtype."""
+    import torch
+
+    if pooling is Pooling.CLS:
+        return hidden[cu_seqlens[:-1].long()].float()
+    if pooling is Pooling.LAST_TOKEN:
+        return hidden[cu_seqlens[1:].long() - 1].float()
+    sums = torch.zeros(
+        (lengths.shape[0], hidden.shape[1]), dtype=torch.float32, device=hidden.device
+    )
+    sums.index_add_(0, segments, hidden.float())
+    return sums / lengths.unsqueeze(1)
+
+
+def finish(
+    vectors: np.ndarray, *, dimensions: int | None, normalize: bool, model_normalizes: bool
+) -> np.ndarray:
+    """Apply the model's Normalize module, truncate to `dimensions` (matryoshka), then
+    L2-normalize if asked. Works in place on `vectors`, float32 (B, H)."""
+    full = vectors.shape[1]
+    check_dimensions(dimensions, full)
+    if model_normalizes and not normalize:  # else the final normalization subsumes it
+        _normalize_rows(vectors)
+    if dimensions is not None and dimensions < full:
+        vectors = np.ascontiguousarray(vectors[:, :dimensions])
+    if normalize:
+        _normalize_rows(vectors)
+    return vectors
+
+
+def check_dimensions(dimensions: int | None, full: int) -> None:
+    if dimensions is not None and not 1 <= dimensions <= full:
+        raise UnsupportedDimensions(
+            f"dimensions must be between 1 and {full} for this model, got {dimensions}",
+            param="dimensions",
+        )
+
+
+def _normalize_rows(vectors: np.ndarray) -> None:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.maximum(norms, 1e-12, out=norms)  # as torch's F.normalize: a zero row stays zero
+    vectors /= norms

@@ -1,0 +1,183 @@
+"""Qwen3 decoder as an embedding model (Qwen3-Embedding), all of the forward in this one file.
+
+Texts run packed with causal varlen attention, grouped KV heads, per-head RMSNorm on Q and K,
+rotary positions and a SwiGLU MLP. Q/K/V and gate/up are fused when the weights load.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from embedx.errors import InvalidModel
+from embedx.models.attention import choose_attention
+from embedx.models.weights import Checkpoint
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from embedx.models.packing import PackedBatch
+
+MODEL_TYPES = ("qwen3",)
+
+
+@dataclass(frozen=True, slots=True)
+class Qwen3Config:
+    vocab_size: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int  # explicit in Qwen3: not hidden // heads
+    intermediate: int
+    eps: float
+    rope_theta: float
+    max_positions: int
+
+    @classmethod
+    def from_json(cls, config: dict[str, Any]) -> Qwen3Config:
+        if config.get("use_sliding_window"):
+            raise InvalidModel("sliding-window attention is not supported by the Qwen3 code")
+        if config.get("hidden_act", "silu") != "silu":
+            raise InvalidModel("only the SiLU (SwiGLU) Qwen3 MLP is supported")
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        if rope.get("rope_type", "default") != "default":
+            raise InvalidModel(f"rope type {rope.get('rope_type')!r} is not supported")
+        theta = rope.get("rope_theta", config.get("rope_theta", 1_000_000.0))
+        heads = config["num_attention_heads"]
+        return cls(
+            vocab_size=config["vocab_size"],
+            hidden=config["hidden_size"],
+            layers=config["num_hidden_layers"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads", heads),
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            intermediate=config["intermediate_size"],
+            eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            max_positions=config.get("max_position_embeddings", 32768),
+        )
+
+    @property
+    def max_tokens(self) -> int:
+        return self.max_positions
+
+
+@dataclass(slots=True)
+class _Layer:
+    attn_norm: torch.Tensor  # (H,)
+    qkv_w: torch.Tensor  # ((nq + 2 nkv) * hd, H)
+    q_norm: torch.Tensor  # (hd,)
+    k_norm: torch.Tensor  # (hd,)
+    o_w: torch.Tensor  # (H, nq * hd)
+    mlp_norm: torch.Tensor  # (H,)
+    gate_up_w: torch.Tensor  # (2I, H): gate then up
+    down_w: torch.Tensor  # (H, I)
+
+
+class Qwen3Encoder:
+    """Packed token ids in, final (normed) hidden states out: (T,) -> (T, H)."""
+
+    causal = True
+
+    def __init__(
+        self,
+        config: Qwen3Config,
+        weights: list[Path],
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        import torch
+
+        self.config = config
+        c = config
+        h, hd, inter = c.hidden, c.head_dim, c.intermediate
+        ckpt = Checkpoint(weights, ("model.",), probe="embed_tokens.weight")
+
+        def get(name: str, *shape: int) -> torch.Tensor:
+            return ckpt.get(name, shape, device, dtype)
+
+        self.embed = get("embed_tokens.weight", c.vocab_size, h)
+        self.norm = get("norm.weight", h)
+        self.layers: list[_Layer] = []
+        for i in range(c.layers):
+            p = f"layers.{i}."
+            self.layers.append(
+                _Layer(
+                    attn_norm=get(p + "input_layernorm.weight", h),
+                    qkv_w=torch.cat(
+                        [
+                            get(p + "self_attn.q_proj.weight", c.heads * hd, h),
+                            get(p + "self_attn.k_proj.weight", c.kv_heads * hd, h),
+                            get(p + "self_attn.v_proj.weight", c.kv_heads * hd, h),
+                        ]
+                    ),
+                    q_norm=get(p + "self_attn.q_norm.weight", hd),
+                    k_norm=get(p + "self_attn.k_norm.weight", hd),
+                    o_w=get(p + "self_attn.o_proj.weight", h, c.heads * hd),
+                    mlp_norm=get(p + "post_attention_layernorm.weight", h),
+                    gate_up_w=torch.cat(
+                        [
+                            get(p + "mlp.gate_proj.weight", inter, h),
+                            get(p + "mlp.up_proj.weight", inter, h),
+                        ]
+                    ),
+                    down_w=get(p + "mlp.down_proj.weight", h, inter),
+                )
+            )
+        # Rotary tables, computed in float32 and cast as transformers does: (P, hd / 2).
+        inv_freq = 1.0 / (
+            c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd)
+        )
+        angles = torch.outer(torch.arange(c.max_positions, device=device).float(), inv_freq)
+        self.cos = angles.cos().to(dtype)
+        self.sin = angles.sin().to(dtype)
+        self.attention = choose_attention(device, dtype)
+        self.scale = 1.0 / math.sqrt(hd)
+        self.q_width = c.heads * hd
+        self.qk_width = (c.heads + c.kv_heads) * hd
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.config.eps)
+        return weight * x32.to(dtype)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]  # (T, h, hd / 2) each
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        c = self.config
+        tokens = batch.input_ids.shape[0]
+        positions = batch.positions.long()
+        cos = self.cos[positions].unsqueeze(1)  # (T, 1, hd / 2)
+        sin = self.sin[positions].unsqueeze(1)
+        x = self.embed[batch.input_ids]  # (T, H)
+        for layer in self.layers:
+            h = self._rms_norm(x, layer.attn_norm)
+            qkv = F.linear(h, layer.qkv_w)  # (T, (nq + 2 nkv) * hd)
+            q, k, v = (
+                qkv[:, : self.q_width],
+                qkv[:, self.q_width : self.qk_width],
+                qkv[:, self.qk_width :],
+            )
+            q = self._rms_norm(q.view(tokens, c.heads, c.head_dim), layer.q_norm)
+            k = self._rms_norm(k.view(tokens, c.kv_heads, c.head_dim), layer.k_norm)
+            v = v.view(tokens, c.kv_heads, c.head_dim)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            a = self.attention(q, k, v, batch, True, self.scale)  # (T, nq, hd)
+            x = x + F.linear(a.reshape(tokens, c.heads * c.head_dim), layer.o_w)
+            gate, up = F.linear(self._rms_norm(x, layer.mlp_norm), layer.gate_up_w).chunk(2, -1)
+            x = x + F.linear(F.silu(gate) * up, layer.down_w)  # (T, H)
+        return self._rms_norm(x, self.norm)

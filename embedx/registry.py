@@ -1,0 +1,304 @@
+"""ModelRegistry: loads a model on first use (once, however many ask), keeps it while it is used,
+and unloads it after its keep-alive or when the residency cap needs its room."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from embedx.config import Settings
+from embedx.engine import Engine, EngineOptions, EngineState
+from embedx.errors import (
+    ModelNotFound,
+    ModelsBusy,
+    PoolingConflict,
+    PoolingRequired,
+    ShuttingDown,
+)
+from embedx.models.catalog import ModelSpec, check_dtype
+from embedx.models.pooling import Pooling
+from embedx.telemetry import Histogram
+
+if TYPE_CHECKING:
+    from embedx.devices import Accelerator, DeviceInfo
+
+log = logging.getLogger("embedx.registry")
+LOAD_BUCKETS_S = (0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRequest:
+    """What a request may say about a model's first load; ignored once it is resident,
+    except a pooling that differs, which is a conflict."""
+
+    pooling: str | None = None
+    dtype: str | None = None
+    max_seq_len: int | None = None
+    keep_alive_s: float | None = None
+
+
+class Resident:
+    """A model in the registry: loading or loaded, with its users and idle timer."""
+
+    __slots__ = (
+        "engine",
+        "keep_alive_s",
+        "last_used",
+        "loaded_at",
+        "spec",
+        "task",
+        "timer",
+        "users",
+    )
+
+    def __init__(self, spec: ModelSpec, keep_alive_s: float) -> None:
+        self.spec = spec
+        self.keep_alive_s = keep_alive_s
+        self.users = 0
+        self.last_used = time.monotonic()
+        self.loaded_at: float | None = None
+        self.engine: Engine | None = None
+        self.task: asyncio.Task[Engine] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: dict[str, ModelSpec],
+        devices: Sequence[DeviceInfo],
+        open_accelerator: Callable[[DeviceInfo], Accelerator],
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.devices = list(devices)
+        self._open_accelerator = open_accelerator
+        self._models: dict[str, Resident] = {}
+        self._load_slots = asyncio.Semaphore(settings.max_concurrent_loads)
+        self._closing = False
+        self.load_seconds = Histogram(LOAD_BUCKETS_S)
+        self.loads = 0
+        self.evictions = 0
+
+    # -- what a name means ---------------------------------------------------------------
+
+    def spec_for(self, name: str, request: LoadRequest) -> ModelSpec:
+        """The catalog's entry for `name`, or (unless catalog-only) a spec built from the
+        request, with the request's load fields filling what the catalog leaves open."""
+        pooling = Pooling.parse(request.pooling) if request.pooling is not None else None
+        if request.dtype is not None:
+            check_dtype(request.dtype)
+        spec = self.catalog.get(name)
+        if spec is None:
+            if self.settings.catalog_only:
+                raise ModelNotFound(
+                    f"model {name!r} is not in this server's catalog (EMBEDX_CATALOG_ONLY is on)",
+                    param="model",
+                )
+            spec = ModelSpec(name=name, source=name, revision=self.settings.revision)
+        if pooling is not None and spec.pooling is not None and pooling is not spec.pooling:
+            raise PoolingConflict(
+                f"model {name!r} uses {spec.pooling.value} pooling; this request asks for "
+                f"{pooling.value}. Pooling is fixed per model: drop the field or use another name",
+                param="pooling",
+            )
+        return spec.with_overrides(
+            pooling=spec.pooling or pooling,
+            dtype=request.dtype if spec.dtype == "auto" else None,
+            max_seq_len=spec.max_seq_len or request.max_seq_len,
+            keep_alive_s=spec.keep_alive_s
+            if spec.keep_alive_s is not None
+            else request.keep_alive_s,
+        )
+
+    # -- leases --------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lease(self, name: str, request: LoadRequest | None = None) -> AsyncIterator[Engine]:
+        """The model's engine, loaded if need be, held (not evicted) until the block exits."""
+        resident = await self._acquire(name, request or LoadRequest())
+        try:
+            assert resident.engine is not None
+            yield resident.engine
+        finally:
+            self._release(resident)
+
+    async def _acquire(self, name: str, request: LoadRequest) -> Resident:
+        if self._closing:
+            raise ShuttingDown("the server is shutting down")
+        resident = self._models.get(name)
+        if resident is not None:
+            if request.pooling is not None and resident.spec.pooling is not None:
+                asked = Pooling.parse(request.pooling)
+                if asked is not resident.spec.pooling:
+                    raise PoolingConflict(
+                        f"model {name!r} is loaded with {resident.spec.pooling.value} pooling; "
+                        f"this request asks for {asked.value}",
+                        param="pooling",
+                    )
+        else:
+            spec = self.spec_for(name, request)
+            if spec.pooling is None:
+                raise PoolingRequired(
+                    f"model {name!r} is not loaded and its pooling is unknown: send pooling "
+                    "(cls, mean or last_token) with the first request, or add it to the catalog. "
+                    "embedx never guesses pooling",
+                    param="pooling",
+                )
+            resident = self._reserve(spec)
+        resident.users += 1
+        if resident.timer is not None:
+            resident.timer.cancel()
+            resident.timer = None
+        try:
+            assert resident.task is not None
+            await asyncio.shield(resident.task)
+        except BaseException:
+            self._release(resident)
+            raise
+        return resident
+
+    def _reserve(self, spec: ModelSpec) -> Resident:
+        """Take a residency slot (evicting the least recently used idle model if the cap is
+        reached) and start loading. The slot is taken before any await, so concurrent cold
+        loads never exceed the cap."""
+        evicted: asyncio.Task[None] | None = None
+        if len(self._models) >= self.settings.max_loaded_models:
+            idle = [r for r in self._models.values() if r.users == 0 and r.engine is not None]
+            if not idle:
+                raise ModelsBusy(
+                    f"{len(self._models)} models are resident (EMBEDX_MAX_LOADED_MODELS) and all "
+                    "are in use or loading; try again shortly"
+                )
+            victim = min(idle, key=lambda r: r.last_used)
+            evicted = self._evict(victim, "to make room")
+        keep_alive = spec.keep_alive_s
+        resident = Resident(
+            spec, self.settings.default_keep_alive_s if keep_alive is None else keep_alive
+        )
+        self._models[spec.name] = resident
+        resident.task = asyncio.create_task(self._load(resident, evicted), name=f"load-{spec.name}")
+        return resident
+
+    async def _load(self, resident: Resident, evicted: asyncio.Task[None] | None) -> Engine:
+        spec = resident.spec
+        try:
+            if evicted is not None:
+                await evicted  # its memory must be free before this model takes it
+            async with self._load_slots:
+                from embedx.models.source import resolve
+
+                started = time.monotonic()
+                files = await asyncio.to_thread(resolve, spec.source, spec.revision)
+                accelerators = [self._open_accelerator(info) for info in self.devices]
+                engine = await Engine.load(spec, files, accelerators, self.engine_options())
+                seconds = time.monotonic() - started
+        except BaseException:
+            if self._models.get(spec.name) is resident:
+                del self._models[spec.name]
+            raise
+        self.load_seconds.observe(seconds)
+        self.loads += 1
+        resident.engine = engine
+        resident.loaded_at = time.monotonic()
+        log.info("loaded %s in %.1f s", spec.name, seconds)
+        return engine
+
+    def engine_options(self) -> EngineOptions:
+        s = self.settings
+        return EngineOptions(
+            normalize=s.normalize,
+            wrapping=s.wrapping,
+            max_batch_tokens=s.max_batch_tokens,
+            max_batch_items=s.max_batch_items,
+            device_batch_tokens=s.device_batch_tokens,
+            batch_timeout_s=s.batch_timeout_s,
+            smoke_test=s.smoke_test_on_load,
+        )
+
+    def _release(self, resident: Resident) -> None:
+        resident.users -= 1
+        resident.last_used = time.monotonic()
+        if resident.users or resident.engine is None or self._closing:
+            return
+        if self._models.get(resident.spec.name) is not resident:
+            return
+        if resident.keep_alive_s <= 0:
+            self._evict(resident, "keep_alive is 0")
+        else:
+            resident.timer = asyncio.get_running_loop().call_later(
+                resident.keep_alive_s, self._expire, resident
+            )
+
+    def _expire(self, resident: Resident) -> None:
+        resident.timer = None
+        if resident.users == 0 and self._models.get(resident.spec.name) is resident:
+            self._evict(resident, f"idle for {resident.keep_alive_s:.0f} s")
+
+    def _evict(self, resident: Resident, why: str) -> asyncio.Task[None]:
+        """Forget the model now; its engine closes in the background (awaitable)."""
+        del self._models[resident.spec.name]
+        if resident.timer is not None:
+            resident.timer.cancel()
+        self.evictions += 1
+        log.info("unloading %s (%s)", resident.spec.name, why)
+        engine = resident.engine
+        resident.engine = None
+        assert engine is not None
+        return asyncio.create_task(engine.close(), name=f"unload-{resident.spec.name}")
+
+    # -- shutting down -------------------------------------------------------------------
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new leases, let work in flight finish (bounded), unload everything."""
+        self._closing = True
+        residents = list(self._models.values())
+        self._models.clear()
+        for resident in residents:
+            if resident.timer is not None:
+                resident.timer.cancel()
+            if resident.task is not None and not resident.task.done():
+                resident.task.cancel()
+        await asyncio.gather(
+            *(r.task for r in residents if r.task is not None), return_exceptions=True
+        )
+        engines = [r.engine for r in residents if r.engine is not None]
+        await asyncio.gather(*(e.drain(timeout_s) for e in engines))
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def residents(self) -> list[Resident]:
+        return list(self._models.values())
+
+    def describe(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        described = []
+        for resident in self._models.values():
+            engine = resident.engine
+            entry: dict[str, Any] = (
+                engine.describe()
+                if engine is not None
+                else {"model": resident.spec.name, "state": EngineState.LOADING.value}
+            )
+            entry["users"] = resident.users
+            entry["keep_alive_s"] = resident.keep_alive_s
+            entry["idle_s"] = 0.0 if resident.users else round(now - resident.last_used, 1)
+            described.append(entry)
+        return described
+
+    def degraded(self) -> list[str]:
+        """Devices quarantined by any resident model, as 'model: device (reason)'."""
+        found = []
+        for resident in self._models.values():
+            if resident.engine is None:
+                continue
+            for worker in resident.engine.workers:
+                if not worker.slot.active:
+                    found.append(f"{resident.spec.name}: {worker.slot.name} ({worker.slot.reason})")
+        return found

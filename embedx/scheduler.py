@@ -1,0 +1,525 @@
+"""ConvergingQueue: the one owner of pending work, from which devices claim batches at either end.
+
+Fast devices take the LONG end of the length order and slow ones the SHORT end, so the two
+frontiers meet wherever the devices' measured speeds put them; no ratio is configured.
+Items carry a generation: a claim serves the oldest generation first, so a request never
+starves behind newcomers. Near the end of the work a claim is sized so that the device
+finishes no later than the others would finish everything left without it; a device that
+cannot help sits out. Failures put work back: nothing a caller submitted is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from embedx.batching import Cut, End, Item, Job, LengthBuckets
+from embedx.errors import EmbeddingFailed, NoDeviceAvailable, ShuttingDown
+from embedx.telemetry import LATENCY_BUCKETS_S, Histogram
+
+QUARANTINE_AFTER_FAILURES = 3  # consecutive failed batches before a device is taken out
+MAX_ITEM_ATTEMPTS = 4  # failed batches an item may be part of before its job fails
+
+
+class SpeedModel:
+    """Batch time as `fixed + tokens / rate`, fitted by exponentially weighted least squares.
+
+    Tokens are real tokens: what padding costs a padded model shows up in its rate.
+
+    Until two different batch sizes have been seen, the rate comes from the prior (a static
+    score or a probe measurement) and the fixed cost from the prior fixed cost.
+    """
+
+    __slots__ = ("_sw", "_sx", "_sxx", "_sxy", "_sy", "fixed", "measured", "rate", "samples")
+    DECAY = 0.85  # weight of older batches: about the last seven dominate
+
+    def __init__(self, rate: float, fixed: float = 0.0, *, measured: bool = True) -> None:
+        self.rate = rate
+        self.fixed = fixed
+        self.measured = measured  # the prior was measured (a probe), not a static score
+        self.samples = 0
+        self._sw = self._sx = self._sy = self._sxx = self._sxy = 0.0
+
+    def seconds(self, tokens: float) -> float:
+        return self.fixed + tokens / self.rate
+
+    def effective_rate(self, batch_tokens: float) -> float:
+        """Tokens/s sustained with batches of `batch_tokens`, the fixed cost included."""
+        return batch_tokens / self.seconds(batch_tokens)
+
+    def observe(self, tokens: float, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        d = self.DECAY
+        self._sw = d * self._sw + 1.0
+        self._sx = d * self._sx + tokens
+        self._sy = d * self._sy + seconds
+        self._sxx = d * self._sxx + tokens * tokens
+        self._sxy = d * self._sxy + tokens * seconds
+        self.samples += 1
+        mean_x, mean_y = self._sx / self._sw, self._sy / self._sw
+        var_x = self._sxx / self._sw - mean_x * mean_x
+        cov = self._sxy / self._sw - mean_x * mean_y
+        if var_x > (0.05 * mean_x) ** 2 and cov > 0:
+            per_token = cov / var_x
+            fixed = mean_y - per_token * mean_x
+            if fixed >= 0:
+                self.rate, self.fixed = 1.0 / per_token, fixed
+                return
+        # One size seen (or a noisy fit): keep the fixed cost, explain the rest by the rate.
+        fixed = min(self.fixed, 0.5 * mean_y)
+        self.fixed = fixed
+        self.rate = mean_x / (mean_y - fixed)
+
+
+class DeviceState(enum.Enum):
+    ACTIVE = "active"
+    QUARANTINED = "quarantined"
+
+
+@dataclass(slots=True, eq=False)
+class DeviceSlot:
+    """The queue's view of one device: its budget, its speed, its claims in flight."""
+
+    name: str
+    budget: int
+    max_inflight: int
+    speed: SpeedModel
+    state: DeviceState = DeviceState.ACTIVE
+    reason: str | None = None
+    inflight: list[Claim] = field(default_factory=list)
+    failures: int = 0  # consecutive
+    tokens_done: int = 0
+    batches_done: int = 0
+    busy_s: float = 0.0
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def active(self) -> bool:
+        return self.state is DeviceState.ACTIVE
+
+    def effective_rate(self) -> float:
+        return self.speed.effective_rate(self.budget)
+
+
+@dataclass(slots=True, eq=False)
+class Claim:
+    """A batch a device took: the items, their padded area, and when it started running."""
+
+    id: int
+    device: DeviceSlot
+    items: list[Item]
+    tokens: int
+    longest: int
+    claimed_at: float
+    expected_s: float
+    started_at: float | None = None
+
+    @property
+    def area(self) -> int:
+        """Padded tokens: what a padded batch of these items costs."""
+        return len(self.items) * self.longest
+
+
+class ConvergingQueue:
+    """Pending items of every in-flight job of one model, claimed by that model's devices."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_batch_items: int | None = None,
+        quarantine_after: int = QUARANTINE_AFTER_FAILURES,
+        max_item_attempts: int = MAX_ITEM_ATTEMPTS,
+    ) -> None:
+        self.clock = clock
+        self.max_batch_items = max_batch_items
+        self.quarantine_after = quarantine_after
+        self.max_item_attempts = max_item_attempts
+        self.devices: list[DeviceSlot] = []
+        self._generations: dict[int, LengthBuckets] = {}
+        self._open_generation = 0
+        self._claim_ids = itertools.count()
+        self.pending_items = 0
+        self.pending_tokens = 0
+        self.claims = 0
+        self.padding_tokens = 0
+        self.queue_wait = Histogram(LATENCY_BUCKETS_S)
+        self.closed = False
+
+    # -- devices -------------------------------------------------------------------------
+
+    def add_device(
+        self,
+        name: str,
+        *,
+        budget: int,
+        rate: float,
+        fixed_s: float = 0.0,
+        max_inflight: int = 1,
+        measured: bool = True,
+    ) -> DeviceSlot:
+        """Register a device. `rate` and `fixed_s` are the prior speed: a load-time probe
+        (`measured`) or a static score, which others do not count on until it is measured."""
+        speed = SpeedModel(rate, fixed_s, measured=measured)
+        slot = DeviceSlot(name, max(1, budget), max_inflight, speed)
+        self.devices.append(slot)
+        return slot
+
+    def active_devices(self) -> list[DeviceSlot]:
+        return [d for d in self.devices if d.active]
+
+    def ranked(self) -> list[DeviceSlot]:
+        """Active devices, fastest first by measured (or prior) tokens/s."""
+        return sorted(self.active_devices(), key=lambda d: -d.effective_rate())
+
+    def end_for(self, device: DeviceSlot) -> End:
+        """The faster half of the devices takes the LONG end, the rest the SHORT end.
+        A device not yet measured takes the SHORT end: its first item should be cheap."""
+        if not device.speed.measured and not device.speed.samples:
+            return End.SHORT
+        ranked = self.ranked()
+        if device not in ranked:
+            return End.SHORT
+        return End.LONG if ranked.index(device) < len(ranked) / 2 else End.SHORT
+
+    # -- submitting and cancelling -------------------------------------------------------
+
+    def submit(self, job: Job, items: Sequence[Item]) -> None:
+        """Add a job's items (all or a chunk of them) to the open generation."""
+        if self.closed:
+            raise ShuttingDown("the model is unloading; send the request again")
+        if not self.active_devices():
+            raise NoDeviceAvailable("every device of this model is quarantined")
+        now = self.clock()
+        generation = self._open_generation
+        buckets = self._generations.get(generation)
+        if buckets is None:
+            buckets = self._generations[generation] = LengthBuckets()
+        tokens = 0
+        for item in items:
+            item.generation = generation
+            item.enqueued_at = now
+            tokens += item.length
+            buckets.push(item)
+        job.tokens += tokens
+        job.pending_items += len(items)
+        job.pending_tokens += tokens
+        self.pending_items += len(items)
+        self.pending_tokens += tokens
+        self._wake_all()
+
+    def cancel(self, job: Job) -> None:
+        """Drop a job's pending items (they are skipped when a claim reaches them)."""
+        if job.cancelled:
+            return
+        job.cancelled = True
+        self._forget_pending(job)
+
+    def _forget_pending(self, job: Job) -> None:
+        self.pending_items -= job.pending_items
+        self.pending_tokens -= job.pending_tokens
+        job.pending_items = job.pending_tokens = 0
+
+    # -- claiming ------------------------------------------------------------------------
+
+    def claim(self, device: DeviceSlot) -> Claim | None:
+        """Take the next batch for `device`, or None if it has nothing useful to do now."""
+        if not device.active or len(device.inflight) >= device.max_inflight:
+            return None
+        if self.pending_items <= 0:
+            return None
+        end = self.end_for(device)
+        target = self._tail_target(device, end)
+        if target is None:
+            return None
+        cut = Cut(device.budget, target, self.max_batch_items)
+        for generation in sorted(self._generations):
+            buckets = self._generations[generation]
+            buckets.cut(end, cut)
+            if buckets.count == 0:
+                del self._generations[generation]
+            if generation == self._open_generation:
+                self._open_generation += 1  # newcomers form the next generation
+            if buckets.count:
+                break  # the cut stopped short of this generation's end: the batch is full
+        if not cut.items:
+            return None
+        now = self.clock()
+        for item in cut.items:
+            job = item.job
+            job.pending_items -= 1
+            job.pending_tokens -= item.length
+            self.queue_wait.observe(now - item.enqueued_at)
+        self.pending_items -= len(cut.items)
+        self.pending_tokens -= cut.tokens
+        claim = Claim(
+            next(self._claim_ids),
+            device,
+            cut.items,
+            cut.tokens,
+            cut.longest,
+            now,
+            device.speed.seconds(cut.tokens),
+            started_at=None if device.inflight else now,
+        )
+        device.inflight.append(claim)
+        self.claims += 1
+        self.padding_tokens += claim.area - claim.tokens
+        return claim
+
+    def _tail_target(self, device: DeviceSlot, end: End) -> int | None:
+        """The real tokens to claim: up to the device's budget or, near the end of the work,
+        the share it can finish before the other devices would finish everything else.
+        None when the device would finish even one item after the others finish it all."""
+        budget = device.budget
+        if not device.speed.measured and not device.speed.samples:
+            # A small first batch from the short end measures a device whose speed is only
+            # a guess; counting its fixed cost as rate errs on the slow, safe side.
+            return max(1, budget // 16)
+        others = [d for d in self.active_devices() if d is not device]
+        if not others:
+            return budget
+        now = self.clock()
+        remaining = float(self.pending_tokens)
+        start = self._free_at(device, now) + device.speed.fixed
+
+        def mine(tokens: float) -> float:
+            return start + tokens / device.speed.rate
+
+        def theirs(tokens: float) -> float:
+            return self._drain_time(others, remaining - tokens, now)
+
+        def makespan(tokens: float) -> float:
+            return max(mine(tokens), theirs(tokens)) if tokens > 0 else theirs(0.0)
+
+        high = min(float(budget), remaining)
+        if mine(high) <= theirs(high):
+            return budget
+        # Near the end: take the amount that ends all the work soonest. Finishing times cross
+        # between one item and `high`; taking everything (`high`) or nothing can still win,
+        # since whoever takes a leftover pays one more batch's fixed cost.
+        first = min(float(self._first_length(end) or 1), high)
+        low, top = first, high
+        if mine(first) <= theirs(first):
+            for _ in range(30):
+                middle = (low + top) / 2
+                if mine(middle) <= theirs(middle):
+                    low = middle
+                else:
+                    top = middle
+        best = min((high, low, 0.0), key=makespan)  # ties go to the larger claim
+        if best > 0:
+            return max(1, math.ceil(best))
+        if not any(d.inflight for d in self.devices) and self.ranked()[0] is device:
+            return max(1, math.ceil(first))  # nobody is working: progress first
+        return None
+
+    def _first_length(self, end: End) -> int | None:
+        """Length of the first item a claim from `end` would take."""
+        for generation in sorted(self._generations):
+            buckets = self._generations[generation]
+            length = buckets.longest() if end is End.LONG else buckets.shortest()
+            if length is not None:
+                return length
+        return None
+
+    def _free_at(self, device: DeviceSlot, now: float) -> float:
+        """When the device will have finished the claims it holds."""
+        at = now
+        for claim in device.inflight:
+            if claim.started_at is None:
+                at += claim.expected_s
+            else:
+                at += max(0.0, claim.expected_s - (now - claim.started_at))
+        return at
+
+    def _drain_time(self, devices: Sequence[DeviceSlot], tokens: float, now: float) -> float:
+        """When `devices` together would finish their own claims plus `tokens` more.
+
+        Each device starts once its claims are done, pays a fixed cost, runs a first batch
+        at its rate and any further batches at its effective rate (fixed costs included).
+        Devices not yet measured are not counted on: their speed is only a guess.
+        """
+        helpers = [d for d in devices if d.speed.samples or d.speed.measured] or list(devices)
+        free = [(self._free_at(d, now), d) for d in helpers]
+        last_free = max(self._free_at(d, now) for d in devices)
+        if tokens <= 0:
+            return last_free
+
+        def capacity(at: float) -> float:
+            total = 0.0
+            for free_at, device in free:
+                running = at - free_at - device.speed.fixed
+                if running <= 0:
+                    continue
+                first = running * device.speed.rate
+                if first <= device.budget:
+                    total += first
+                else:
+                    rest = running - device.budget / device.speed.rate
+                    total += device.budget + rest * device.effective_rate()
+            return total
+
+        low = min(f for f, _ in free)
+        high = max(f + d.speed.seconds(tokens) for f, d in free)  # any one device alone
+        for _ in range(40):
+            middle = (low + high) / 2
+            if capacity(middle) >= tokens:
+                high = middle
+            else:
+                low = middle
+        return max(last_free, high)
+
+    # -- finishing -----------------------------------------------------------------------
+
+    def holds(self, claim: Claim) -> bool:
+        """Whether the claim is still its device's; a revoked claim's results are dropped."""
+        return any(c is claim for c in claim.device.inflight)
+
+    def complete(self, claim: Claim, seconds: float | None = None) -> list[Job]:
+        """Record a finished batch. The caller has written the rows of live jobs; returns the
+        jobs this batch finished. A revoked claim (its device was quarantined) is ignored."""
+        device = claim.device
+        if not self._take_inflight(claim):
+            return []
+        now = self.clock()
+        started = claim.started_at if claim.started_at is not None else claim.claimed_at
+        elapsed = seconds if seconds is not None else now - started
+        device.speed.observe(claim.tokens, elapsed)
+        device.failures = 0
+        device.tokens_done += claim.tokens
+        device.batches_done += 1
+        device.busy_s += elapsed
+        finished: list[Job] = []
+        for item in claim.items:
+            job = item.job
+            if job.cancelled:
+                continue
+            job.remaining -= 1
+            if job.remaining == 0:
+                job.finish(now)
+                finished.append(job)
+        self._wake_all()
+        return finished
+
+    def fail(self, claim: Claim, error: BaseException, *, out_of_memory: bool = False) -> None:
+        """A batch failed. Its items go back; on OOM the device's budget halves; a device that
+        keeps failing is quarantined; an item that keeps failing fails its job."""
+        device = claim.device
+        if not self._take_inflight(claim):
+            return
+        now = self.clock()
+        if out_of_memory:
+            device.budget = max(1, min(device.budget, claim.area) // 2)
+        else:
+            device.failures += 1
+        retry: list[Item] = []
+        for item in claim.items:
+            item.attempts += 1
+            if item.job.cancelled:
+                continue
+            if item.attempts >= self.max_item_attempts:
+                self._fail_job(
+                    item.job,
+                    EmbeddingFailed(
+                        f"input {item.index} failed in {item.attempts} batches; last error: "
+                        f"{type(error).__name__}: {error}"
+                    ),
+                    now,
+                )
+            else:
+                retry.append(item)
+        self._requeue(retry)
+        if device.failures >= self.quarantine_after:
+            self.quarantine(device, f"{device.failures} batches failed in a row; last: {error!r}")
+        self._wake_all()
+
+    def release(self, claim: Claim) -> None:
+        """Give back a claim that was never run (its worker stopped)."""
+        if self._take_inflight(claim):
+            self._requeue(claim.items)
+            self._wake_all()
+
+    def quarantine(self, device: DeviceSlot, reason: str) -> None:
+        """Take a device out of service and give its claims to the others."""
+        if not device.active:
+            return
+        device.state = DeviceState.QUARANTINED
+        device.reason = reason
+        revoked, device.inflight = device.inflight, []
+        for claim in revoked:
+            self._requeue(claim.items)
+        if not self.active_devices():
+            self._fail_all(
+                NoDeviceAvailable(f"every device of this model is quarantined: {reason}")
+            )
+        self._wake_all()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Fail every pending job (used when a model is torn down without draining)."""
+        self.closed = True
+        self._fail_all(error or ShuttingDown("the model was unloaded; send the request again"))
+        self._wake_all()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _take_inflight(self, claim: Claim) -> bool:
+        inflight = claim.device.inflight
+        for position, held in enumerate(inflight):
+            if held is claim:
+                del inflight[position]
+                if position == 0 and inflight and inflight[0].started_at is None:
+                    inflight[0].started_at = self.clock()
+                return True
+        return False
+
+    def _requeue(self, items: Iterable[Item]) -> None:
+        for item in items:
+            job = item.job
+            if job.cancelled:
+                continue
+            buckets = self._generations.get(item.generation)
+            if buckets is None:
+                buckets = self._generations[item.generation] = LengthBuckets()
+            buckets.push(item)
+            job.pending_items += 1
+            job.pending_tokens += item.length
+            self.pending_items += 1
+            self.pending_tokens += item.length
+
+    def _fail_job(self, job: Job, error: BaseException, now: float) -> None:
+        if job.cancelled:
+            return
+        self._forget_pending(job)
+        job.fail(error, now)
+
+    def _fail_all(self, error: BaseException) -> None:
+        now = self.clock()
+        jobs = {id(item.job): item.job for item in self._pending_items()}
+        for device in self.devices:
+            for claim in device.inflight:
+                for item in claim.items:
+                    jobs[id(item.job)] = item.job
+        for job in jobs.values():
+            self._fail_job(job, error, now)
+        self._generations.clear()
+
+    def _pending_items(self) -> Iterable[Item]:
+        for buckets in self._generations.values():
+            for bucket in buckets._by_length.values():
+                yield from bucket
+
+    def _wake_all(self) -> None:
+        for device in self.devices:
+            device.wakeup.set()
+
+    async def wait_for_work(self, device: DeviceSlot) -> None:
+        """Sleep until something changes that may give this device work."""
+        await device.wakeup.wait()
+        device.wakeup.clear()

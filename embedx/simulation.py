@@ -1,0 +1,202 @@
+"""Deterministic discrete-event simulation of devices with set speeds claiming from the real queue.
+
+A fake device runs a batch in `fixed_s + padded_tokens / rate` seconds of simulated time.
+The converging policy is the real ConvergingQueue on a simulated clock; the static policies
+it is compared with split the items up front and never rebalance.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from embedx.batching import Cut, End, Item, Job, LengthBuckets
+from embedx.scheduler import ConvergingQueue
+
+
+@dataclass(frozen=True, slots=True)
+class FakeDevice:
+    name: str
+    rate: float  # tokens per second
+    fixed_s: float  # cost of any batch, however small
+    budget: int  # padded tokens per batch
+    max_inflight: int = 1
+    # What the queue is told before it measures anything. None: the truth, as a load-time
+    # probe would measure it; a number: a static score in tokens/s, with no fixed cost known.
+    score: float | None = None
+
+    padded: bool = False  # pays for count * longest (a padded model), else for real tokens
+
+    def seconds(self, tokens: int, area: int) -> float:
+        return self.fixed_s + (area if self.padded else tokens) / self.rate
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at: float
+    lengths: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class SimResult:
+    makespan: float
+    busy_s: dict[str, float]
+    last_finish: dict[str, float]
+    tokens: dict[str, int]
+    batches: dict[str, int]
+    # per job: (arrival time, finish time); per item: seconds from arrival to its claim
+    job_times: list[tuple[float, float]] = field(default_factory=list)
+    item_waits: list[float] = field(default_factory=list)
+    delivered: list[list[int]] = field(default_factory=list)  # per job, how often each index ran
+
+    def end_idle(self, name: str) -> float:
+        """Seconds between a device's last batch and the end of all work."""
+        return self.makespan - self.last_finish.get(name, 0.0)
+
+
+def simulate_converging(
+    devices: Sequence[FakeDevice],
+    arrivals: Sequence[Arrival],
+    *,
+    max_batch_items: int | None = None,
+) -> SimResult:
+    """Run the arrivals through a ConvergingQueue shared by `devices`."""
+    now = 0.0
+    queue = ConvergingQueue(clock=lambda: now, max_batch_items=max_batch_items)
+    slots = {
+        d.name: queue.add_device(
+            d.name,
+            budget=d.budget,
+            rate=d.rate if d.score is None else d.score,
+            fixed_s=d.fixed_s if d.score is None else 0.0,
+            max_inflight=d.max_inflight,
+            measured=d.score is None,
+        )
+        for d in devices
+    }
+    by_name = {d.name: d for d in devices}
+    result = _empty_result(devices)
+    events: list[tuple[float, int, str, object]] = []
+    order = itertools.count()
+    free_at = dict.fromkeys(slots, 0.0)
+    jobs: list[Job] = []
+
+    for arrival in arrivals:
+        heapq.heappush(events, (arrival.at, next(order), "arrive", arrival))
+
+    def dispatch() -> None:
+        for name, slot in slots.items():
+            while True:
+                claim = queue.claim(slot)
+                if claim is None:
+                    break
+                device = by_name[name]
+                start = max(now, free_at[name])
+                finish = start + device.seconds(claim.tokens, claim.area)
+                free_at[name] = finish
+                for item in claim.items:
+                    result.item_waits.append(now - item.enqueued_at)
+                heapq.heappush(events, (finish, next(order), "finish", claim))
+
+    while events:
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == "arrive":
+            assert isinstance(payload, Arrival)
+            job = Job(len(payload.lengths))
+            job.submitted_at = now
+            job.out = [0] * len(payload.lengths)
+            jobs.append(job)
+            queue.submit(job, [Item(job, i, n) for i, n in enumerate(payload.lengths)])
+        else:
+            claim = payload
+            name = claim.device.name  # type: ignore[attr-defined]
+            device = by_name[name]
+            for item in claim.items:  # type: ignore[attr-defined]
+                item.job.out[item.index] += 1
+            seconds = device.seconds(claim.tokens, claim.area)  # type: ignore[attr-defined]
+            queue.complete(claim, seconds)  # type: ignore[arg-type]
+            result.busy_s[name] += seconds
+            result.tokens[name] += claim.tokens  # type: ignore[attr-defined]
+            result.batches[name] += 1
+            result.last_finish[name] = now
+        dispatch()
+
+    result.makespan = max(result.last_finish.values(), default=0.0)
+    for job in jobs:
+        assert job.finished_at is not None, "a job never finished: this is a bug"
+        result.job_times.append((job.submitted_at, job.finished_at))
+        result.delivered.append(job.out)
+    return result
+
+
+def static_split(
+    devices: Sequence[FakeDevice], lengths: Sequence[int], shares: Sequence[float]
+) -> SimResult:
+    """Split one job up front, device i getting `shares[i]` of the tokens, and run it.
+
+    The items are sorted and cut into contiguous length ranges, the first device getting the
+    longest, so each part pads as little as the converging queue's batches do; each device
+    then cuts its part into budget batches.
+    """
+    total_share = sum(shares)
+    total_tokens = sum(lengths)
+    parts: list[list[int]] = [[] for _ in devices]
+    part, given, bound = 0, 0, total_tokens * shares[0] / total_share
+    for length in sorted(lengths, reverse=True):
+        while part < len(devices) - 1 and given + length / 2 > bound:
+            part += 1
+            bound += total_tokens * shares[part] / total_share
+        parts[part].append(length)
+        given += length
+    result = _empty_result(devices)
+    for device, items in zip(devices, parts, strict=True):
+        job = Job(len(items))
+        buckets = LengthBuckets()
+        buckets.push_all(Item(job, i, n) for i, n in enumerate(items))
+        clock = 0.0
+        while buckets.count:
+            cut = Cut(device.budget, device.budget)
+            buckets.cut(End.LONG, cut)
+            clock += device.seconds(cut.tokens, cut.area)
+            result.tokens[device.name] += cut.tokens
+            result.batches[device.name] += 1
+        result.busy_s[device.name] = clock
+        result.last_finish[device.name] = clock
+    result.makespan = max(result.last_finish.values())
+    return result
+
+
+def oracle_static_split(
+    devices: Sequence[FakeDevice], lengths: Sequence[int], steps: int = 40
+) -> tuple[SimResult, list[float]]:
+    """The best fixed split found in hindsight: coordinate search over the shares."""
+    shares = [d.rate for d in devices]
+    best = static_split(devices, lengths, shares)
+    step = 0.5
+    for _ in range(steps):
+        improved = False
+        for i in range(len(devices)):
+            for factor in (1 + step, 1 / (1 + step)):
+                trial = list(shares)
+                trial[i] *= factor
+                result = static_split(devices, lengths, trial)
+                if result.makespan < best.makespan - 1e-12:
+                    best, shares, improved = result, trial, True
+        if not improved:
+            step /= 2
+            if step < 1e-3:
+                break
+    return best, shares
+
+
+def _empty_result(devices: Sequence[FakeDevice]) -> SimResult:
+    names = [d.name for d in devices]
+    return SimResult(
+        makespan=0.0,
+        busy_s=dict.fromkeys(names, 0.0),
+        last_finish=dict.fromkeys(names, 0.0),
+        tokens=dict.fromkeys(names, 0),
+        batches=dict.fromkeys(names, 0),
+    )
