@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -38,6 +39,7 @@ class DeviceInfo:
     """What discovery found out about one device, before any model is loaded."""
 
     key: str  # as EMBEDX_DEVICES names it: "0", "1", ... or "cpu"
+    kind: str  # "cuda" or "cpu"
     name: str
     total_memory: int
     free_memory: int
@@ -47,11 +49,11 @@ class DeviceInfo:
 
     @property
     def is_cuda(self) -> bool:
-        return self.key != "cpu"
+        return self.kind == "cuda"
 
     @property
     def label(self) -> str:
-        return f"cuda:{self.key}" if self.is_cuda else "cpu"
+        return f"cuda:{self.key}" if self.is_cuda else self.key
 
     @property
     def supports_bf16(self) -> bool:
@@ -131,7 +133,9 @@ def discover(settings: Settings) -> list[DeviceInfo]:
         if key == "cpu":
             available, total = _cpu_memory()
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-            found.append(DeviceInfo("cpu", "cpu", total, available, cores, None, cores * 0.02))
+            found.append(
+                DeviceInfo("cpu", "cpu", "cpu", total, available, cores, None, cores * 0.02)
+            )
             continue
         index = int(key)
         if index >= cuda_count:
@@ -152,6 +156,7 @@ def discover(settings: Settings) -> list[DeviceInfo]:
         found.append(
             DeviceInfo(
                 key,
+                "cuda",
                 props.name,
                 int(total),
                 int(free),
@@ -164,18 +169,7 @@ def discover(settings: Settings) -> list[DeviceInfo]:
     unknown = set(weights) - {d.key for d in found}
     if unknown:
         raise ConfigError(f"EMBEDX_DEVICE_WEIGHTS names devices not served: {sorted(unknown)}")
-    found = [
-        DeviceInfo(
-            d.key,
-            d.name,
-            d.total_memory,
-            d.free_memory,
-            d.multiprocessors,
-            d.compute_capability,
-            weights.get(d.key, d.score),
-        )
-        for d in found
-    ]
+    found = [dataclasses.replace(d, score=weights.get(d.key, d.score)) for d in found]
     return sorted(found, key=lambda d: -d.score)
 
 

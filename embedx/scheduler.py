@@ -292,8 +292,13 @@ class ConvergingQueue:
         def mine(tokens: float) -> float:
             return start + tokens / device.speed.rate
 
+        shortest = float(self._first_length(End.SHORT) or 1)
+
         def theirs(tokens: float) -> float:
-            return self._drain_time(others, remaining - tokens, now)
+            left = remaining - tokens
+            if 0 < left < shortest:
+                left = shortest  # work is whole items: a sliver left over is one more item
+            return self._drain_time(others, left, now)
 
         def makespan(tokens: float) -> float:
             return max(mine(tokens), theirs(tokens)) if tokens > 0 else theirs(0.0)
@@ -342,9 +347,9 @@ class ConvergingQueue:
     def _drain_time(self, devices: Sequence[DeviceSlot], tokens: float, now: float) -> float:
         """When `devices` together would finish their own claims plus `tokens` more.
 
-        Each device starts once its claims are done, pays a fixed cost, runs a first batch
-        at its rate and any further batches at its effective rate (fixed costs included).
-        Devices not yet measured are not counted on: their speed is only a guess.
+        Each device starts once its claims are done and runs full batches, each paying the
+        fixed cost, then one partial batch. Devices not yet measured are not counted on:
+        their speed is only a guess.
         """
         helpers = [d for d in devices if d.speed.samples or d.speed.measured] or list(devices)
         free = [(self._free_at(d, now), d) for d in helpers]
@@ -355,15 +360,13 @@ class ConvergingQueue:
         def capacity(at: float) -> float:
             total = 0.0
             for free_at, device in free:
-                running = at - free_at - device.speed.fixed
+                running = at - free_at
                 if running <= 0:
                     continue
-                first = running * device.speed.rate
-                if first <= device.budget:
-                    total += first
-                else:
-                    rest = running - device.budget / device.speed.rate
-                    total += device.budget + rest * device.effective_rate()
+                full_s = device.speed.seconds(device.budget)
+                full = math.floor(running / full_s)
+                partial = (running - full * full_s - device.speed.fixed) * device.speed.rate
+                total += full * device.budget + min(device.budget, max(0.0, partial))
             return total
 
         low = min(f for f, _ in free)
@@ -420,8 +423,10 @@ class ConvergingQueue:
         else:
             device.failures += 1
         retry: list[Item] = []
+        # Running out of memory is the batch's size, not its items' fault, unless it was one.
+        blame = not out_of_memory or len(claim.items) == 1
         for item in claim.items:
-            item.attempts += 1
+            item.attempts += blame
             if item.job.cancelled:
                 continue
             if item.attempts >= self.max_item_attempts:

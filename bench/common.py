@@ -1,0 +1,83 @@
+"""What every benchmark shares: the corpus, the machine's description, JSON output."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+# ../shared/corpora beside the checkout, or a carried copy (.carry/corpora) on a device machine
+CORPUS_DIRS = (HERE.parent.parent / "shared" / "corpora", HERE.parent / ".carry" / "corpora")
+# Read twice, these four give about 2.6M tokens (all-MiniLM-L6-v2 tokenizer, 512 cut),
+# median 35 tokens, p95 217: close to the issue's 2.7M, median 26, p95 194.
+DEFAULT_CORPUS = ("fortunes", "enwiki_paragraphs", "lee_background", "mini_newsgroup")
+DEFAULT_REPEAT = 2
+
+
+def corpus_path(name: str) -> Path:
+    for directory in CORPUS_DIRS:
+        for candidate in (directory / f"{name}.jsonl", directory / f"{name}.jsonl.gz"):
+            if candidate.is_file():
+                return candidate
+    given = Path(name)
+    if given.is_file():
+        return given
+    raise SystemExit(f"corpus {name!r} not found in {[str(d) for d in CORPUS_DIRS]}")
+
+
+def read_texts(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as lines:
+        return [json.loads(line)["text"] for line in lines if line.strip()]
+
+
+def load_corpus(names: Sequence[str] = DEFAULT_CORPUS, repeat: int = DEFAULT_REPEAT) -> list[str]:
+    texts: list[str] = []
+    for name in names:
+        texts.extend(read_texts(corpus_path(name)))
+    return [t for t in texts if t.strip()] * repeat
+
+
+def sample(texts: Sequence[str], fraction: float, seed: int = 0) -> list[str]:
+    """A seeded random subset: the same length distribution, fewer texts."""
+    if fraction >= 1:
+        return list(texts)
+    rng = random.Random(seed)
+    return rng.sample(list(texts), max(1, int(len(texts) * fraction)))
+
+
+def environment() -> dict[str, Any]:
+    import numpy
+    import torch
+
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_cores": len(os.sched_getaffinity(0)),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+    }
+    for package in ("transformers", "tokenizers", "sentence_transformers"):
+        try:
+            info[package] = __import__(package).__version__
+        except ImportError:
+            info[package] = None
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def write_json(result: dict[str, Any], out: str | None) -> None:
+    text = json.dumps(result, indent=2)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
+    print(text)

