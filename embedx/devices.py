@@ -328,7 +328,7 @@ class CpuAccelerator:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(launch.future), max(0.0, remaining))
         except TimeoutError:
-            raise DeviceHung(f"cpu: a batch ran past {deadline_s:.1f} s") from None
+            raise DeviceHung(f"{self.info.label}: a batch ran past {deadline_s:.1f} s") from None
 
     def free_memory(self) -> int:
         return _cpu_memory()[0]

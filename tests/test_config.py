@@ -89,7 +89,10 @@ def test_devices_take_indices_and_cpu() -> None:
 
 def test_per_device_maps_parse() -> None:
     settings = load_settings(
-        environ={"EMBEDX_DEVICE_BATCH_TOKENS": "0=65536,cpu=2048", "EMBEDX_DEVICE_WEIGHTS": "cpu=0.1"}
+        environ={
+            "EMBEDX_DEVICE_BATCH_TOKENS": "0=65536,cpu=2048",
+            "EMBEDX_DEVICE_WEIGHTS": "cpu=0.1",
+        }
     )
     assert settings.device_batch_tokens == {"0": 65536, "cpu": 2048}
     assert settings.device_weights == {"cpu": 0.1}

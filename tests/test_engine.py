@@ -60,10 +60,17 @@ def pearson(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-async def test_lee50_human_similarity_is_reproduced(make_engine: Callable[..., Any]) -> None:
+@pytest.fixture
+def lee50() -> tuple[list[str], np.ndarray]:
     with open(DATA / "lee50.jsonl") as lines:
         texts = [json.loads(line)["text"] for line in lines]
-    human = np.loadtxt(DATA / "lee50_similarity.txt")
+    return texts, np.loadtxt(DATA / "lee50_similarity.txt")
+
+
+async def test_lee50_human_similarity_is_reproduced(
+    make_engine: Callable[..., Any], lee50: tuple[list[str], np.ndarray]
+) -> None:
+    texts, human = lee50
     async with make_engine(("cpu",)) as engine:
         vectors = (await engine.embed(texts)).vectors
     cosine = vectors @ vectors.T
@@ -125,7 +132,7 @@ async def test_a_cancelled_request_frees_its_items(
     async with make_engine(("cpu",), max_batch_tokens=256) as engine:
         wrap(engine, "cpu", rate=20_000)
         task = asyncio.create_task(engine.embed(reference_texts))
-        while engine.queue.pending_items == 0:
+        while engine.queue.pending_items == 0:  # noqa: ASYNC110 (polls the queue it must not touch)
             await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -140,10 +147,13 @@ async def test_oom_on_a_batch_splits_it_and_the_request_succeeds(
     make_engine: Callable[..., Any], reference_texts: list[str], st_reference: np.ndarray
 ) -> None:
     async with make_engine(("cpu",), max_batch_tokens=4096) as engine:
-        wrapper = wrap(engine, "cpu", fail=lambda b, _: oom() if b.input_ids.shape[0] > 600 else None)
+        wrapper = wrap(
+            engine, "cpu", fail=lambda b, _: oom() if b.input_ids.shape[0] > 600 else None
+        )
         result = await engine.embed(reference_texts)
         slot = engine.workers[0].slot
-        assert slot.budget <= 1024 and slot.active
+        assert slot.budget <= 1024
+        assert slot.active
     assert np.abs(result.vectors - st_reference).max() < 1e-5
     assert wrapper.calls > 1
 
@@ -157,7 +167,8 @@ async def test_a_device_failing_every_batch_is_quarantined_and_the_others_finish
         bad = next(w.slot for w in engine.workers if w.slot.name == "bad")
         described = engine.describe()
     assert np.abs(result.vectors - st_reference).max() < 1e-5
-    assert not bad.active and "injected" in (bad.reason or "")
+    assert not bad.active
+    assert "injected" in (bad.reason or "")
     assert any(d["device"] == "bad" and d["state"] == "quarantined" for d in described["devices"])
 
 
@@ -170,7 +181,8 @@ async def test_a_hanging_device_is_quarantined_and_its_items_finished_elsewhere(
         result = await engine.embed(reference_texts[:200])
         slot = next(w.slot for w in engine.workers if w.slot.name == "hangs")
     assert np.abs(result.vectors - st_reference[:200]).max() < 1e-5
-    assert not slot.active and "ran past" in (slot.reason or "")
+    assert not slot.active
+    assert "ran past" in (slot.reason or "")
     assert hang.calls >= 1
 
 
@@ -200,12 +212,16 @@ async def test_a_failed_smoke_test_leaves_nothing_loaded(
 
     monkeypatch.setattr(Engine, "close", spy_close)
     monkeypatch.setattr(
-        loader.EmbeddingModel, "forward", lambda self, batch: torch.full((batch.count, 384), float("nan"))
+        loader.EmbeddingModel,
+        "forward",
+        lambda self, batch: torch.full((batch.count, 384), float("nan")),
     )
     with pytest.raises(SmokeTestFailed):
         async with make_engine(("cpu",)):
             pass
-    assert closed and closed[0].state.value == "closed" and not closed[0].replicas
+    assert closed
+    assert closed[0].state.value == "closed"
+    assert not closed[0].replicas
 
 
 async def test_a_template_wraps_every_input(
@@ -221,4 +237,5 @@ def test_engine_module_has_no_http(tmp_path: Path) -> None:
     import embedx.engine as engine_module
 
     source = Path(engine_module.__file__).read_text()
-    assert "blacksheep" not in source and "granian" not in source
+    assert "blacksheep" not in source
+    assert "granian" not in source

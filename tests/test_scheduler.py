@@ -43,9 +43,7 @@ def lognormal_lengths(count: int, seed: int = 0) -> list[int]:
 @settings(max_examples=60, deadline=None)
 @given(
     jobs=st.lists(
-        st.tuples(
-            st.floats(0, 0.05), st.lists(st.integers(1, 512), min_size=1, max_size=80)
-        ),
+        st.tuples(st.floats(0, 0.05), st.lists(st.integers(1, 512), min_size=1, max_size=80)),
         min_size=1,
         max_size=6,
     ),
@@ -78,7 +76,8 @@ def test_a_request_arriving_mid_job_joins_the_same_queue() -> None:
     assert claim is not None
     assert {id(item.job) for item in claim.items} == {id(second)}
     queue.complete(claim, 0.001)
-    assert first.remaining == 0 and second.remaining == 0
+    assert first.remaining == 0
+    assert second.remaining == 0
 
 
 def test_the_oldest_generation_is_served_before_newcomers() -> None:
@@ -148,7 +147,8 @@ def test_oom_halves_budget_and_requeues_both_halves() -> None:
     device = queue.add_device("d", budget=1000, rate=1e6)
     job = job_of(queue, [100] * 10)
     claim = queue.claim(device)
-    assert claim is not None and len(claim.items) == 10
+    assert claim is not None
+    assert len(claim.items) == 10
     queue.fail(claim, MemoryError("injected"), out_of_memory=True)
     assert device.budget == 500
     assert device.active
@@ -174,7 +174,8 @@ def test_a_device_that_keeps_failing_is_quarantined_and_its_work_goes_to_the_oth
     assert "injected" in (bad.reason or "")
     while (claim := queue.claim(good)) is not None:
         queue.complete(claim)
-    assert job.remaining == 0 and job.error is None
+    assert job.remaining == 0
+    assert job.error is None
 
 
 def test_quarantine_revokes_claims_in_flight_so_late_results_are_ignored() -> None:

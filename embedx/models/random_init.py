@@ -29,7 +29,12 @@ SHAPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 128}  # fmt: skip
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
 ST_POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
                    "last_token": "pooling_mode_lasttoken"}  # fmt: skip
 
@@ -50,7 +55,7 @@ def build(
     from transformers import AutoConfig, AutoModel
 
     spec = dict(SHAPES[shape])
-    pooling = spec.pop("pooling")
+    pooling: str = spec.pop("pooling")
     model_type = spec.pop("model_type")
     if tiny:
         spec.update(TINY, vocab_size=30522)
@@ -60,7 +65,7 @@ def build(
     spec.setdefault("vocab_size", 30522)
     config = AutoConfig.for_model(model_type, **spec)
     with torch.device("meta"):
-        skeleton = AutoModel.from_config(config)
+        skeleton = AutoModel.from_config(config)  # type: ignore[no-untyped-call]
     generator = torch.Generator(device=device).manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for name, meta in skeleton.state_dict().items():
@@ -86,10 +91,12 @@ def build(
 
 def _write_sentence_transformers_configs(directory: Path, hidden: int, pooling: str) -> None:
     """modules.json and the Pooling config, so sentence-transformers loads the same model."""
+    kinds = ("Transformer", "Pooling")
     modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    ]
+        {"idx": i, "name": str(i), "path": ("", "1_Pooling")[i],
+         "type": f"sentence_transformers.models.{kind}"}
+        for i, kind in enumerate(kinds)
+    ]  # fmt: skip
     (directory / "modules.json").write_text(json.dumps(modules))
     (directory / "1_Pooling").mkdir(exist_ok=True)
     flags = {key: key == ST_POOLING_KEYS[pooling] for key in ST_POOLING_KEYS.values()}

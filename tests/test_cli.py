@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "embedx", *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+    )
+
+
+def test_info_prints_settings_and_devices_without_loading_a_model() -> None:
+    done = run("info", "--json", "--max-batch-tokens", "4096")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["settings"]["max_batch_tokens"] == 4096
+    assert shown["settings"]["api_key"] == "unset"
+    assert shown["devices"][0]["device"] == "cpu"
+    text = run("info").stdout
+    assert "devices (fastest first" in text
+    assert "max_batch_tokens" in text
+
+
+def test_a_bad_setting_exits_with_code_2_and_names_it() -> None:
+    done = run("info", env={"EMBEDX_PORT": "-1"})
+    assert done.returncode == 2
+    assert "port" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_embed_prints_one_vector_per_text() -> None:
+    done = run("embed", "sentence-transformers/all-MiniLM-L6-v2", "hello", "world")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(rows) == 2
+    assert len(rows[0]) == 384

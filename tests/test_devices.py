@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from embedx.config import load_settings
+from embedx.devices import CpuAccelerator, DeviceHung, discover, token_budget
+from embedx.errors import ConfigError
+from tests.conftest import cpu_info
+
+pytestmark = pytest.mark.anyio
+
+
+def test_with_no_gpu_the_cpu_serves() -> None:
+    devices = discover(load_settings(environ={}))
+    assert [d.label for d in devices] == ["cpu"]
+    assert devices[0].multiprocessors >= 1
+    assert devices[0].total_memory > 0
+
+
+def test_naming_a_gpu_that_is_not_there_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="GPU 7"):
+        discover(load_settings(environ={"EMBEDX_DEVICES": "7,cpu"}))
+
+
+def test_device_weights_replace_the_static_score() -> None:
+    settings = load_settings(environ={"EMBEDX_DEVICE_WEIGHTS": "cpu=3.5"})
+    assert discover(settings)[0].score == 3.5
+    with pytest.raises(ConfigError, match="not served"):
+        discover(load_settings(environ={"EMBEDX_DEVICE_WEIGHTS": "0=1"}))
+
+
+def test_budget_comes_from_free_memory_and_bytes_per_token() -> None:
+    # 10 GiB free, 85% usable, 2 batches in flight of 20 KiB a token
+    budget = token_budget(10 << 30, 20 * 1024, 2, cap=1 << 30)
+    assert budget == int((10 << 30) * 0.85 / (20 * 1024 * 2))
+    assert token_budget(10 << 30, 20 * 1024, 2, cap=16384) == 16384
+    assert token_budget(1 << 20, 20 * 1024, 2, cap=16384) == 256  # never below a floor
+    assert token_budget(10 << 30, 20 * 1024, 2, cap=16384, override=999) == 999
+
+
+async def test_the_cpu_runs_work_on_its_thread_and_reports_the_time() -> None:
+    accelerator = CpuAccelerator(cpu_info())
+    loop_thread = asyncio.get_running_loop()
+    launched = accelerator.launch(lambda: (time.sleep(0.05), "done")[1])
+    ticks = 0
+    while not launched.future.done():  # the event loop keeps running meanwhile
+        ticks += 1
+        await asyncio.sleep(0.005)
+    output, seconds = await accelerator.result(launched, 5.0)
+    assert output == "done"
+    assert seconds >= 0.05
+    assert ticks >= 3
+    assert loop_thread
+    accelerator.close()
+
+
+async def test_a_batch_past_its_deadline_raises_device_hung() -> None:
+    accelerator = CpuAccelerator(cpu_info("slowpoke"))
+    launched = accelerator.launch(lambda: time.sleep(0.5))
+    with pytest.raises(DeviceHung, match="slowpoke"):
+        await accelerator.result(launched, 0.05)
+    accelerator.close()

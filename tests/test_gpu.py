@@ -1,0 +1,125 @@
+"""The CUDA paths, run on the device machine: `pytest -m gpu`. Each has a CPU twin in CI."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from embedx.config import load_settings
+from embedx.devices import discover, open_accelerator
+from embedx.engine import Engine, EngineOptions
+from embedx.models.catalog import ModelSpec
+from embedx.models.pooling import Pooling
+from embedx.models.source import resolve
+from tests.test_engine import oom, wrap
+
+pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
+
+
+@contextlib.asynccontextmanager
+async def cuda_engine(
+    directory: Path,
+    devices: str = "0",
+    *,
+    pooling: str = "mean",
+    dtype: str = "auto",
+    max_seq_len: int | None = 256,
+    **options: Any,
+) -> AsyncIterator[Engine]:
+    spec = ModelSpec(
+        name=str(directory),
+        source=str(directory),
+        pooling=Pooling(pooling),
+        dtype=dtype,
+        max_seq_len=max_seq_len,
+    )
+    accelerators = [open_accelerator(d) for d in discover(load_settings({"devices": devices}))]
+    engine = await Engine.load(
+        spec, resolve(str(directory)), accelerators, EngineOptions(**options)
+    )
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    result: np.ndarray = (a * b).sum(1)
+    return result
+
+
+async def test_cuda_bf16_and_fp32_match_the_cpu_reference(
+    minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    async with cuda_engine(minilm_dir) as engine:
+        assert engine.dtypes["cuda:0"] == "bfloat16"
+        half = (await engine.embed(reference_texts)).vectors
+    assert cosines(half, st_reference).min() >= 0.999
+    async with cuda_engine(minilm_dir, dtype="float32") as engine:
+        full = (await engine.embed(reference_texts)).vectors
+    assert np.abs(full - st_reference).max() < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("shape", "pooling"),
+    [("bert-base", "cls"), ("xlm-roberta-large", "mean"), ("qwen3-0.6b", "last_token")],
+)
+async def test_flash_varlen_matches_the_float32_cpu_forward(
+    tiny_models: dict[str, Path], reference_texts: list[str], shape: str, pooling: str
+) -> None:
+    from tests.test_models import forward
+
+    texts = reference_texts[:64]
+    expected = forward(tiny_models[shape], pooling, "native", texts)
+    async with cuda_engine(tiny_models[shape], pooling=pooling, max_seq_len=64) as engine:
+        got = (await engine.embed(texts)).vectors
+    assert cosines(got, expected).min() >= 0.999
+
+
+async def test_cuda_oom_halves_the_budget_and_the_request_succeeds(
+    minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    async with cuda_engine(minilm_dir, max_batch_tokens=8192) as engine:
+        wrap(engine, "cuda:0", fail=lambda b, _: oom() if b.input_ids.shape[0] > 1500 else None)
+        result = await engine.embed(reference_texts)
+        slot = engine.workers[0].slot
+        assert slot.active
+        assert slot.budget <= 2048
+    assert cosines(result.vectors, st_reference).min() >= 0.999
+
+
+async def test_a_hung_gpu_is_quarantined_and_the_cpu_finishes(
+    minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    def hang_first(batch: Any, call: int) -> BaseException | None:
+        if call == 1:
+            torch.cuda._sleep(4_000_000_000)  # about two seconds of a busy GPU stream
+        return None
+
+    async with cuda_engine(
+        minilm_dir, "0,cpu", max_batch_tokens=2048, batch_timeout_s=0.5
+    ) as engine:
+        wrap(engine, "cuda:0", fail=hang_first)
+        result = await engine.embed(reference_texts[:120])
+        gpu = next(w.slot for w in engine.workers if w.slot.name == "cuda:0")
+        assert not gpu.active
+        assert "ran past" in (gpu.reason or "")
+    assert cosines(result.vectors, st_reference[:120]).min() >= 0.999
+
+
+async def test_gpu_and_cpu_together_return_correct_vectors(
+    minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    async with cuda_engine(minilm_dir, "0,cpu") as engine:
+        result = await engine.embed(reference_texts * 4)
+        shares = {w.slot.name: w.slot.tokens_done for w in engine.workers}
+    assert cosines(result.vectors, np.tile(st_reference, (4, 1))).min() >= 0.999
+    assert shares["cuda:0"] > 0

@@ -1,0 +1,205 @@
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from embedx.config import load_settings
+from embedx.devices import CpuAccelerator
+from embedx.errors import ModelNotFound, ModelsBusy, PoolingConflict, PoolingRequired
+from embedx.models.catalog import ModelSpec, load_catalog
+from embedx.models.pooling import Pooling
+from embedx.registry import LoadRequest, ModelRegistry
+from tests.conftest import MINILM_NAME, cpu_info
+
+pytestmark = pytest.mark.anyio
+
+
+def registry(tiny: dict[str, Path] | None = None, **settings: Any) -> ModelRegistry:
+    catalog = load_catalog(None)
+    for shape, directory in (tiny or {}).items():
+        catalog[shape] = ModelSpec(name=shape, source=str(directory), pooling=Pooling.MEAN)
+    values = {"smoke_test_on_load": "false", **{k: str(v) for k, v in settings.items()}}
+    return ModelRegistry(load_settings(values, environ={}), catalog, [cpu_info()], CpuAccelerator)
+
+
+async def test_a_model_loads_once_however_many_ask_at_once() -> None:
+    models = registry()
+    loads: list[str] = []
+
+    async def use() -> int:
+        async with models.lease(MINILM_NAME) as engine:
+            loads.append(engine.spec.name)
+            return id(engine)
+
+    engines = await asyncio.gather(*(use() for _ in range(5)))
+    assert len(set(engines)) == 1
+    assert models.loads == 1
+    await models.drain(5)
+
+
+async def test_pooling_is_required_on_first_load_and_never_guessed(minilm_dir: Path) -> None:
+    models = registry()
+    with pytest.raises(PoolingRequired) as caught:
+        async with models.lease(str(minilm_dir)):
+            pass
+    assert caught.value.status == 400
+    assert models.residents() == []
+
+
+async def test_a_different_pooling_for_a_resident_model_is_a_conflict(minilm_dir: Path) -> None:
+    models = registry()
+    async with models.lease(str(minilm_dir), LoadRequest(pooling="mean")):
+        pass
+    with pytest.raises(PoolingConflict) as caught:
+        async with models.lease(str(minilm_dir), LoadRequest(pooling="cls")):
+            pass
+    assert caught.value.status == 409
+    with pytest.raises(PoolingConflict):  # the catalog states MiniLM's pooling
+        async with models.lease(MINILM_NAME, LoadRequest(pooling="cls")):
+            pass
+    await models.drain(5)
+
+
+async def test_catalog_only_refuses_other_names(minilm_dir: Path) -> None:
+    models = registry(catalog_only="true")
+    with pytest.raises(ModelNotFound) as caught:
+        async with models.lease(str(minilm_dir), LoadRequest(pooling="mean")):
+            pass
+    assert caught.value.status == 404
+
+
+async def test_keep_alive_zero_unloads_when_the_last_user_leaves_and_frees_memory(
+    minilm_dir: Path,
+) -> None:
+    models = registry()
+    async with models.lease(str(minilm_dir), LoadRequest(pooling="mean", keep_alive_s=0)) as engine:
+        weights = weakref.ref(engine.replicas[0].model.encoder.word)  # type: ignore[attr-defined]
+        await engine.embed(["held"])
+    await asyncio.sleep(0.1)  # the unload runs in the background
+    del engine
+    gc.collect()
+    assert models.residents() == []
+    assert weights() is None, "the weights are still referenced after eviction"
+
+
+async def test_an_idle_model_unloads_after_its_keep_alive(minilm_dir: Path) -> None:
+    models = registry()
+    async with models.lease(str(minilm_dir), LoadRequest(pooling="mean", keep_alive_s=0.3)):
+        pass
+    assert len(models.residents()) == 1
+    await asyncio.sleep(0.6)
+    assert models.residents() == []
+
+
+async def test_the_residency_cap_evicts_the_least_recently_used_idle_model(
+    tiny_models: dict[str, Path],
+) -> None:
+    models = registry(tiny_models, max_loaded_models=2)
+    for name in ("bert-base", "bert-large"):
+        async with models.lease(name):
+            pass
+    async with models.lease("bert-base"):  # now bert-large is the least recently used
+        pass
+    async with models.lease("qwen3-0.6b"):
+        names = {r.spec.name for r in models.residents()}
+    assert names == {"bert-base", "qwen3-0.6b"}
+    await models.drain(5)
+
+
+async def test_the_cap_holds_under_concurrent_cold_loads_and_busy_models_are_kept(
+    tiny_models: dict[str, Path],
+) -> None:
+    models = registry(tiny_models, max_loaded_models=2)
+    peak = 0
+    gate = asyncio.Event()
+    refusals: list[ModelsBusy] = []
+
+    async def hold(name: str) -> str:
+        nonlocal peak
+        try:
+            async with models.lease(name):
+                peak = max(peak, len(models.residents()))
+                await gate.wait()
+                return "served"
+        except ModelsBusy as exc:
+            refusals.append(exc)
+            return "busy"
+
+    tasks = [asyncio.create_task(hold(n)) for n in tiny_models]
+    await asyncio.sleep(0.5)
+    gate.set()
+    outcomes = await asyncio.gather(*tasks)
+    assert peak <= 2
+    assert all(r.status == 503 and r.headers()["Retry-After"] for r in refusals)
+    assert outcomes.count("served") == 2
+    assert outcomes.count("busy") == len(tiny_models) - 2
+    await models.drain(5)
+
+
+async def test_loads_are_limited_by_max_concurrent_loads(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedx import engine as engine_module
+
+    models = registry(tiny_models, max_concurrent_loads=1)
+    running = 0
+    most = 0
+    original = engine_module.Engine.load.__func__  # type: ignore[attr-defined]
+
+    async def counted(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        try:
+            await asyncio.sleep(0.05)
+            return await original(cls, *args, **kwargs)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(engine_module.Engine, "load", classmethod(counted))
+
+    async def use(name: str) -> None:
+        async with models.lease(name):
+            pass
+
+    await asyncio.gather(*(use(n) for n in ("bert-base", "bert-large", "qwen3-0.6b")))
+    assert most == 1
+    await models.drain(5)
+
+
+async def test_a_failed_load_leaves_nothing_resident(tmp_path: Path) -> None:
+    models = registry()
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(Exception, match="pickle"):
+        async with models.lease(str(tmp_path), LoadRequest(pooling="mean")):
+            pass
+    assert models.residents() == []
+
+
+async def test_describe_lists_what_info_shows(minilm_dir: Path) -> None:
+    models = registry()
+    async with models.lease(str(minilm_dir), LoadRequest(pooling="mean")) as engine:
+        await engine.embed(["word " * 300])
+        entry = models.describe()[0]
+    for key in ("pooling", "dimensions", "max_seq_len", "devices", "idle_s", "truncated_inputs"):
+        assert key in entry
+    assert entry["truncated_inputs"] == 1
+    assert entry["devices"][0]["dtype"] == "float32"
+    await models.drain(5)
+
+
+def test_registry_module_imports_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, embedx, embedx.config, embedx.scheduler, embedx.batching, embedx.errors;"
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
