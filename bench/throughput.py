@@ -107,12 +107,22 @@ async def run_embedx(
     )
     try:
         await engine.embed(texts[: max(1, len(texts) // 20)])  # warm-up
+        before = {d["device"]: d for d in engine.describe()["devices"]}
+        padded_before = engine.queue.padding_tokens
         _peak_reset(args.device)
         started = time.perf_counter()
         result = await engine.embed(texts)
         seconds = time.perf_counter() - started
         described = engine.describe()
-        padded = engine.queue.padding_tokens if described["implementation"] == "transformers" else 0
+        padded = engine.queue.padding_tokens - padded_before
+        if described["implementation"] != "transformers":
+            padded = 0  # packed batches: padding only bounds the cut, nothing computes it
+        for device in described["devices"]:
+            for key in ("tokens", "batches", "busy_s"):
+                device[key] = round(device[key] - before[device["device"]][key], 3)
+            device["token_share"] = round(device["tokens"] / result.tokens, 4)
+        if args.profile:
+            await profile(engine, texts[: max(1, len(texts) // 10)], Path(args.profile))
     finally:
         await engine.close()
     return {
@@ -126,6 +136,32 @@ async def run_embedx(
         "implementation": described["implementation"],
         "devices": described["devices"],
     }, result.vectors
+
+
+async def profile(engine: Any, texts: list[str], directory: Path) -> None:
+    """Where the time goes: device kernels (torch.profiler) and host functions (cProfile)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    directory.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (a benchmark, not a server)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        await engine.embed(texts)
+    sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=30)
+    (directory / f"{engine.spec.name}-kernels.txt").write_text(table)
+    host = cProfile.Profile()
+    host.enable()
+    await engine.embed(texts)
+    host.disable()
+    text = io.StringIO()
+    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(30)
+    (directory / f"{engine.spec.name}-host.txt").write_text(text.getvalue())
 
 
 def _pool(hidden: Any, mask: Any, pooling: str) -> Any:
@@ -169,12 +205,13 @@ def run_transformers(
             width = len(ids[order[position]])
             count = max(1, min(args.max_batch_tokens // width, len(order) - position))
             chosen = order[position : position + count]
-            batch = torch.full((count, width), pad, dtype=torch.long)
-            mask = torch.zeros((count, width), dtype=torch.long)
+            rows = np.full((count, width), pad, dtype=np.int64)
+            lengths = np.fromiter((len(ids[i]) for i in chosen), dtype=np.int64, count=count)
             for row, index in enumerate(chosen):
-                batch[row, : len(ids[index])] = torch.tensor(ids[index])
-                mask[row, : len(ids[index])] = 1
-            batch, mask = batch.to(args.device), mask.to(args.device)
+                rows[row, : lengths[row]] = ids[index]
+            batch = torch.from_numpy(rows).to(args.device, non_blocking=True)
+            mask = (torch.arange(width) < torch.from_numpy(lengths)[:, None]).long()
+            mask = mask.to(args.device, non_blocking=True)
             hidden = model(input_ids=batch, attention_mask=mask).last_hidden_state
             out[chosen] = _pool(hidden, mask, pooling).float().cpu().numpy()
             padded += count * width
@@ -252,6 +289,7 @@ def main() -> None:
     parser.add_argument("--reference-sample", type=int, default=256)
     parser.add_argument("--skip", nargs="*", default=[], help="methods to leave out")
     parser.add_argument("--tiny", action="store_true", help="tiny random shapes (CPU smoke run)")
+    parser.add_argument("--profile", metavar="DIR", help="write kernel and host profiles here")
     parser.add_argument("--out")
     args = parser.parse_args()
     import torch

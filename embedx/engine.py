@@ -12,6 +12,7 @@ import enum
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ from embedx.models.catalog import ModelSpec, check_template
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype, weight_bytes
 from embedx.models.packing import HostBatch, pack, to_device
 from embedx.models.pooling import Pooling, check_dimensions, finish
-from embedx.models.tokenizer import TextTokenizer
+from embedx.models.tokenizer import Encoded, TextTokenizer
 from embedx.scheduler import Claim, ConvergingQueue, DeviceSlot
 from embedx.telemetry import LATENCY_BUCKETS_S, TOKEN_BUCKETS, Histogram
 
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("embedx.engine")
 
-TOKENIZE_CHUNK = 4096  # texts tokenized per step, so the first batch starts early
+TOKENIZE_CHUNK = 2048  # texts per tokenizer call: the first batch starts early
+TOKENIZE_AHEAD = 4  # chunks in the tokenizer's threads at once, while the loop submits
 HANG_FACTOR = 20  # a batch taking this many times its expected time marks its device hung
 SMOKE_TEXT = "embedx smoke test: the quick brown fox jumps over the lazy dog."
 
@@ -404,24 +406,10 @@ class Engine:
         started = time.monotonic()
         job = Job(len(texts), future=asyncio.get_running_loop().create_future())
         job.out = np.empty((len(texts), self.dimensions), dtype=np.float32)
-        truncated = 0
         self._jobs_in_flight += 1
         self._idle.clear()
         try:
-            for start in range(0, len(texts), TOKENIZE_CHUNK):
-                encoded = await self.tokenizer.encode(
-                    texts[start : start + TOKENIZE_CHUNK], truncate=options.truncate
-                )
-                truncated += encoded.truncated
-                self.queue.submit(
-                    job,
-                    [
-                        Item(job, start + i, length, ids)
-                        for i, (length, ids) in enumerate(
-                            zip(encoded.lengths, encoded.ids, strict=True)
-                        )
-                    ],
-                )
+            truncated = await self._tokenize_into(job, texts, options.truncate)
             submitted = time.monotonic()
             assert job.future is not None
             await job.future
@@ -444,6 +432,35 @@ class Engine:
         now = time.monotonic()
         self.latency.observe(now - started)
         return EmbedResult(vectors, job.tokens, truncated, now - submitted, now - started)
+
+    async def _tokenize_into(self, job: Job, texts: Sequence[str], truncate: bool) -> int:
+        """Tokenize in chunks, several at once in the tokenizer's threads, and submit each
+        chunk in order as it is ready: devices start on the first chunk while the rest is
+        still being tokenized. Returns how many texts were truncated."""
+        ahead: deque[tuple[int, asyncio.Task[Encoded]]] = deque()
+        truncated = 0
+        try:
+            for start in range(0, len(texts), TOKENIZE_CHUNK):
+                chunk = texts[start : start + TOKENIZE_CHUNK]
+                task = asyncio.ensure_future(self.tokenizer.encode(chunk, truncate=truncate))
+                ahead.append((start, task))
+                if len(ahead) == TOKENIZE_AHEAD:
+                    truncated += await self._submit_next(job, ahead)
+            while ahead:
+                truncated += await self._submit_next(job, ahead)
+        finally:
+            for _, task in ahead:
+                task.cancel()
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: the first error is the one raised
+        return truncated
+
+    async def _submit_next(self, job: Job, ahead: deque[tuple[int, asyncio.Task[Encoded]]]) -> int:
+        first, task = ahead.popleft()
+        encoded = await task
+        pairs = enumerate(zip(encoded.lengths, encoded.ids, strict=True))
+        self.queue.submit(job, [Item(job, first + i, n, ids) for i, (n, ids) in pairs])
+        return encoded.truncated
 
     # -- shutting down -------------------------------------------------------------------
 

@@ -63,9 +63,13 @@ def reference_texts() -> list[str]:
 
 @pytest.fixture(scope="session")
 def sentence_transformer(minilm_dir: Path) -> Any:
+    import torch
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(minilm_dir), device="cpu")
+    # float32 whatever dtype the checkpoint was saved in: this is the reference
+    return SentenceTransformer(
+        str(minilm_dir), device="cpu", model_kwargs={"dtype": torch.float32}
+    )
 
 
 @pytest.fixture(scope="session")

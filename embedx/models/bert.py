@@ -139,6 +139,10 @@ class BertEncoder:
                 )
             )
         self.attention = choose_attention(device, dtype)
+        # On a GPU in half precision the GELU runs in the up projection's GEMM epilogue
+        # (cuBLASLt, tanh form): one pass over the (T, I) activations instead of three.
+        half = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+        self.fused_gelu = half and c.activation != "relu"
         self.act: Callable[[torch.Tensor], torch.Tensor]
         if c.activation == "gelu":
             self.act = F.gelu  # exact (erf), as BERT was trained
@@ -149,6 +153,7 @@ class BertEncoder:
         self.scale = 1.0 / math.sqrt(h // c.heads)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
+        import torch
         import torch.nn.functional as F
 
         c = self.config
@@ -165,7 +170,10 @@ class BertEncoder:
             a = self.attention(q, k, v, batch, False, self.scale).reshape(tokens, c.hidden)
             x = F.linear(a, layer.out_w, layer.out_b) + x
             x = F.layer_norm(x, (c.hidden,), *layer.norm1, c.eps)
-            up = self.act(F.linear(x, layer.up_w, layer.up_b))  # (T, I)
+            if self.fused_gelu:
+                up = torch._addmm_activation(layer.up_b, x, layer.up_w.t(), use_gelu=True)
+            else:
+                up = self.act(F.linear(x, layer.up_w, layer.up_b))  # (T, I)
             x = F.linear(up, layer.down_w, layer.down_b) + x
             x = F.layer_norm(x, (c.hidden,), *layer.norm2, c.eps)
         return x
