@@ -72,7 +72,7 @@ def measure(shape: str, workdir: Path, lengths: list[int], tokens: int) -> dict[
     rows: dict[str, Any] = {}
     for length in lengths:
         host = pack([[1000 + (i % 20000) for i in range(length)]] * (tokens // length))
-        batch = to_device(host, device, pinned=True)
+        batch = to_device(host, device)
         row = {"as_loaded": timed(lambda batch=batch: model.forward(batch))}
         if getattr(encoder, "fused_gelu", False):
             encoder.fused_gelu = False

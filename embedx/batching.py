@@ -37,6 +37,7 @@ class Job:
         "size",
         "submitted_at",
         "tokens",
+        "unit_rows",
     )
 
     def __init__(self, size: int, *, future: asyncio.Future[None] | None = None) -> None:
@@ -48,7 +49,8 @@ class Job:
         self.cancelled = False
         self.error: BaseException | None = None
         self.future = future
-        self.out: Any = None
+        self.out: Any = None  # the caller's rows, written by whoever runs the batches
+        self.unit_rows = False  # rows are L2-normalized as they are written
         self.submitted_at = time.monotonic()
         self.finished_at: float | None = None
 

@@ -219,6 +219,10 @@ class Accelerator(Protocol):
 
     def release_cached_memory(self) -> None: ...
 
+    def synchronize(self) -> None:
+        """Wait until every batch launched on this device has finished."""
+        ...
+
     def is_out_of_memory(self, error: BaseException) -> bool: ...
 
     def close(self) -> None: ...
@@ -289,6 +293,9 @@ class CudaAccelerator:
             self._torch.cuda.synchronize()
             self._torch.cuda.empty_cache()
 
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
     def is_out_of_memory(self, error: BaseException) -> bool:
         return isinstance(error, self._torch.OutOfMemoryError)
 
@@ -341,6 +348,9 @@ class CpuAccelerator:
 
     def release_cached_memory(self) -> None:
         return None
+
+    def synchronize(self) -> None:
+        return None  # the worker thread runs one batch at a time, synchronously
 
     def is_out_of_memory(self, error: BaseException) -> bool:
         import torch

@@ -31,7 +31,7 @@ from embedx.errors import (
 )
 from embedx.models.catalog import ModelSpec, check_template
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype, weight_bytes
-from embedx.models.packing import HostBatch, pack, to_device
+from embedx.models.packing import HostBatch, Staging, pack, to_device
 from embedx.models.pooling import Pooling, check_dimensions, finish
 from embedx.models.tokenizer import Encoded, TextTokenizer
 from embedx.scheduler import Claim, ConvergingQueue, DeviceSlot
@@ -88,22 +88,24 @@ class EngineOptions:
 
 
 class Replica:
-    """A model on one device, with what the load-time probe measured there."""
+    """A model on one device, with pinned staging memory for each batch it keeps in flight."""
 
     def __init__(self, accelerator: Accelerator, model: EmbeddingModel) -> None:
         self.accelerator = accelerator
         self.model = model
-        self.pinned = accelerator.device.type == "cuda"
+        cuda = accelerator.device.type == "cuda"
+        self.staging = [Staging() for _ in range(accelerator.max_inflight)] if cuda else []
 
-    def run(self, host: HostBatch) -> torch.Tensor:
-        """Enqueue one batch (on the accelerator's stream): vectors end up in host memory."""
-        import torch
+    def pack(self, token_ids: Sequence[Sequence[int]], slot: int) -> HostBatch:
+        return pack(token_ids, self.staging[slot] if self.staging else None)
 
-        batch = to_device(host, self.accelerator.device, self.pinned)
-        vectors = self.model.forward(batch)
-        if not self.pinned:
+    def run(self, host: HostBatch, slot: int) -> torch.Tensor:
+        """Enqueue one batch (on the accelerator's stream): its vectors land in host memory."""
+        batch = to_device(host, self.accelerator.device)
+        vectors = self.model.forward(batch)  # (B, D) float32 on the device
+        if not self.staging:
             return vectors
-        out = torch.empty(vectors.shape, dtype=vectors.dtype, pin_memory=True)
+        out = self.staging[slot].output(*vectors.shape)
         out.copy_(vectors, non_blocking=True)
         return out
 
@@ -117,6 +119,7 @@ class DeviceWorker:
         self.slot = slot
         self.queue = engine.queue
         self.batch_tokens = Histogram(TOKEN_BUCKETS)
+        self._launches = 0
 
     async def run(self) -> None:
         accelerator = self.replica.accelerator
@@ -153,10 +156,15 @@ class DeviceWorker:
                 self.queue.release(claim)
 
     def _launch(self, claim: Claim) -> Any:
+        # With at most max_inflight batches out, the slot used max_inflight launches ago
+        # belongs to a batch that is done.
+        slot = self._launches % self.replica.accelerator.max_inflight
+        self._launches += 1
         try:
-            host = pack([item.ids for item in claim.items])
-            return self.replica.accelerator.launch(lambda: self.replica.run(host))
+            host = self.replica.pack([item.ids for item in claim.items], slot)
+            return self.replica.accelerator.launch(lambda: self.replica.run(host, slot))
         except Exception as exc:
+            self.replica.accelerator.synchronize()  # its copies may still read the slot
             self._failed(claim, exc)
             return None
 
@@ -175,7 +183,7 @@ class DeviceWorker:
     def _deliver(self, claim: Claim, output: torch.Tensor, seconds: float) -> None:
         if not self.queue.holds(claim):
             return  # revoked: the device was quarantined, others ran these items
-        rows = output.numpy()
+        rows = output.numpy()  # (B, D) host memory: pinned staging, valid until the next launch
         jobs: dict[int, tuple[Job, list[int], list[int]]] = {}
         for row, item in enumerate(claim.items):
             job = item.job
@@ -187,7 +195,10 @@ class DeviceWorker:
             entry[1].append(item.index)
             entry[2].append(row)
         for job, indices, picked in jobs.values():
-            job.out[indices] = rows[picked]
+            block = rows[picked]  # a copy
+            if job.unit_rows:  # normalized here, batch by batch, while the device works
+                block /= np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
+            job.out[indices] = block
         self.batch_tokens.observe(claim.tokens)
         self.queue.complete(claim, seconds)
 
@@ -311,7 +322,7 @@ class Engine:
         rng = np.random.default_rng(0)
         count = max(1, tokens // length)
         ids = rng.integers(min(100, vocab - 1), vocab, size=(count, length)).tolist()
-        return pack(ids)
+        return pack(ids)  # plain memory: probes run one at a time, so nothing needs staging
 
     async def _probe(self, replica: Replica) -> tuple[int, float, float]:
         """Measure activation bytes per token (for the budget), then the speed on a small and
@@ -347,7 +358,7 @@ class Engine:
 
     async def _timed(self, replica: Replica, host: HostBatch) -> float:
         accelerator = replica.accelerator
-        launched = accelerator.launch(lambda: replica.run(host))
+        launched = accelerator.launch(lambda: replica.run(host, 0))
         _, seconds = await accelerator.result(launched, self.options.batch_timeout_s)
         return seconds
 
@@ -406,6 +417,9 @@ class Engine:
         started = time.monotonic()
         job = Job(len(texts), future=asyncio.get_running_loop().create_future())
         job.out = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        normalize = self.options.normalize if options.normalize is None else options.normalize
+        full_width = options.dimensions in (None, self.dimensions)
+        job.unit_rows = full_width and (normalize or self.files.normalizes)
         self._jobs_in_flight += 1
         self._idle.clear()
         try:
@@ -422,13 +436,14 @@ class Engine:
                 self._idle.set()
         self.truncated += truncated
         self.requests += 1
-        normalize = self.options.normalize if options.normalize is None else options.normalize
-        vectors = finish(
-            job.out,
-            dimensions=options.dimensions,
-            normalize=normalize,
-            model_normalizes=self.files.normalizes,
-        )
+        vectors = job.out
+        if not full_width:  # matryoshka: truncate the raw rows, then normalize
+            vectors = finish(
+                vectors,
+                dimensions=options.dimensions,
+                normalize=normalize,
+                model_normalizes=self.files.normalizes,
+            )
         now = time.monotonic()
         self.latency.observe(now - started)
         return EmbedResult(vectors, job.tokens, truncated, now - submitted, now - started)

@@ -97,6 +97,7 @@ class DeviceSlot:
     tokens_done: int = 0
     batches_done: int = 0
     busy_s: float = 0.0
+    last_done_at: float | None = None  # the queue clock when its last batch finished
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -399,6 +400,7 @@ class ConvergingQueue:
         device.tokens_done += claim.tokens
         device.batches_done += 1
         device.busy_s += elapsed
+        device.last_done_at = now
         finished: list[Job] = []
         for item in claim.items:
             job = item.job

@@ -67,9 +67,7 @@ def sentence_transformer(minilm_dir: Path) -> Any:
     from sentence_transformers import SentenceTransformer
 
     # float32 whatever dtype the checkpoint was saved in: this is the reference
-    return SentenceTransformer(
-        str(minilm_dir), device="cpu", model_kwargs={"dtype": torch.float32}
-    )
+    return SentenceTransformer(str(minilm_dir), device="cpu", model_kwargs={"dtype": torch.float32})
 
 
 @pytest.fixture(scope="session")

@@ -123,3 +123,65 @@ async def test_gpu_and_cpu_together_return_correct_vectors(
         shares = {w.slot.name: w.slot.tokens_done for w in engine.workers}
     assert cosines(result.vectors, np.tile(st_reference, (4, 1))).min() >= 0.999
     assert shares["cuda:0"] > 0
+
+
+def rel_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).norm() / expected.float().norm())
+
+
+@pytest.mark.parametrize("width", [384, 768, 1024])
+def test_triton_norms_and_silu_match_torch(width: int) -> None:
+    from embedx.models.fused import TorchOps, fused_ops
+
+    ops, reference = fused_ops(torch.device("cuda"), torch.bfloat16), TorchOps()
+    assert type(ops).__name__ == "TritonOps"
+    g = torch.Generator(device="cuda").manual_seed(width)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", generator=g).bfloat16()
+
+    x, r, w, b = rand(3001, width), rand(3001, width), rand(width), rand(width)
+    f32 = [t.float() for t in (x, r, w, b)]
+    assert (
+        rel_error(ops.add_layer_norm(x, r, w, b, 1e-12), reference.add_layer_norm(*f32, 1e-12))
+        < 1e-2
+    )
+    total, normed = ops.add_rms_norm(x, r, w, 1e-6)
+    ref_total, ref_normed = reference.add_rms_norm(f32[0], f32[1], f32[2], 1e-6)
+    assert rel_error(total, ref_total) < 1e-2
+    assert rel_error(normed, ref_normed) < 1e-2
+    gate_up = rand(3001, 2 * width)
+    assert rel_error(ops.silu_mul(gate_up), reference.silu_mul(gate_up.float())) < 1e-2
+
+
+@pytest.mark.parametrize(("q_heads", "k_heads", "dim"), [(16, 8, 128), (4, 2, 16), (14, 2, 64)])
+def test_triton_head_norm_rope_matches_torch(q_heads: int, k_heads: int, dim: int) -> None:
+    from embedx.models.fused import TorchOps, fused_ops
+
+    ops, reference = fused_ops(torch.device("cuda"), torch.bfloat16), TorchOps()
+    g = torch.Generator(device="cuda").manual_seed(dim)
+    tokens = 777
+    width = (q_heads + 2 * k_heads) * dim
+    qkv = torch.randn(tokens, width, device="cuda", generator=g).bfloat16()
+    qw = torch.rand(dim, device="cuda", generator=g).bfloat16() + 0.5
+    kw = torch.rand(dim, device="cuda", generator=g).bfloat16() + 0.5
+    positions = torch.randint(0, 300, (tokens,), device="cuda", generator=g, dtype=torch.int32)
+    angles = torch.outer(
+        torch.arange(512, device="cuda").float(), torch.rand(dim // 2, device="cuda")
+    )
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    q, k = ops.qk_norm_rope(qkv, q_heads, k_heads, qw, kw, positions, cos, sin, 1e-6)
+    rq, rk = reference.qk_norm_rope(
+        qkv.float(),
+        q_heads,
+        k_heads,
+        qw.float(),
+        kw.float(),
+        positions.long(),
+        cos.float(),
+        sin.float(),
+        1e-6,
+    )
+    assert q.is_contiguous()
+    assert rel_error(q, rq) < 1e-2
+    assert rel_error(k, rk) < 1e-2

@@ -32,7 +32,7 @@ def forward(directory: Path, pooling: str, implementation: str, texts: list[str]
     files = resolve(str(directory))
     ids = TextTokenizer(files, 64).encode_now(texts).ids
     model = EmbeddingModel(files, Pooling(pooling), CPU, "float32", implementation)
-    return model.forward(to_device(pack(ids), CPU, pinned=False)).numpy()
+    return model.forward(to_device(pack(ids), CPU)).numpy()
 
 
 # -- where files come from -----------------------------------------------------------------
@@ -234,7 +234,7 @@ def test_sentence_transformers_dense_layers_are_applied(minilm_dir: Path, tmp_pa
     assert len(files.dense) == 1
     ids = TextTokenizer(files, 256).encode_now(TEXTS).ids
     model = EmbeddingModel(files, Pooling.MEAN, CPU, "float32")
-    ours = model.forward(to_device(pack(ids), CPU, pinned=False)).numpy()
+    ours = model.forward(to_device(pack(ids), CPU)).numpy()
     ours = finish(ours, dimensions=None, normalize=True, model_normalizes=files.normalizes)
     assert ours.shape == (len(TEXTS), 64)
     assert np.abs(ours - reference).max() < 1e-5

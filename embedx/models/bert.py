@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from embedx.errors import InvalidModel
 from embedx.models.attention import choose_attention
+from embedx.models.fused import fused_ops
 from embedx.models.weights import Checkpoint
 
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ class BertEncoder:
                 )
             )
         self.attention = choose_attention(device, dtype)
+        self.ops = fused_ops(device, dtype)
         # On a GPU in half precision the GELU runs in the up projection's GEMM epilogue
         # (cuBLASLt, tanh form): one pass over the (T, I) activations instead of three.
         half = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
@@ -168,12 +170,13 @@ class BertEncoder:
             qkv = F.linear(x, layer.qkv_w, layer.qkv_b).view(tokens, 3, heads, head_dim)
             q, k, v = qkv.unbind(1)  # each (T, nh, hd)
             a = self.attention(q, k, v, batch, False, self.scale).reshape(tokens, c.hidden)
-            x = F.linear(a, layer.out_w, layer.out_b) + x
-            x = F.layer_norm(x, (c.hidden,), *layer.norm1, c.eps)
+            x = self.ops.add_layer_norm(
+                F.linear(a, layer.out_w, layer.out_b), x, *layer.norm1, c.eps
+            )
             if self.fused_gelu:
                 up = torch._addmm_activation(layer.up_b, x, layer.up_w.t(), use_gelu=True)
             else:
                 up = self.act(F.linear(x, layer.up_w, layer.up_b))  # (T, I)
-            x = F.linear(up, layer.down_w, layer.down_b) + x
-            x = F.layer_norm(x, (c.hidden,), *layer.norm2, c.eps)
+            down = F.linear(up, layer.down_w, layer.down_b)
+            x = self.ops.add_layer_norm(down, x, *layer.norm2, c.eps)
         return x

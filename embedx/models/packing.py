@@ -21,6 +21,7 @@ class HostBatch:
     tokens: int  # T
     count: int  # B
     max_len: int
+    pinned: torch.Tensor | None = None  # the same memory as a pinned tensor, if staged there
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,30 +42,61 @@ class PackedBatch:
         return self.segments * self.max_len + self.positions.long()
 
 
-def pack(token_ids: Sequence[Sequence[int]]) -> HostBatch:
-    """Pack texts' token ids into one int32 array, without a Python loop over tokens."""
+def pack(token_ids: Sequence[Sequence[int]], staging: Staging | None = None) -> HostBatch:
+    """Pack texts' token ids into one int32 array (in `staging`'s pinned memory if given),
+    without a Python loop over tokens."""
     count = len(token_ids)
     lengths = np.fromiter(map(len, token_ids), dtype=np.int32, count=count)
     tokens = int(lengths.sum())
-    buffer = np.empty(3 * tokens + count + 1, dtype=np.int32)
+    size = 3 * tokens + count + 1
+    pinned = staging.input(size) if staging is not None else None
+    buffer = pinned.numpy() if pinned is not None else np.empty(size, dtype=np.int32)
     ids, positions, segments, cu = np.split(buffer, [tokens, 2 * tokens, 3 * tokens])
     ids[:] = np.fromiter(chain.from_iterable(token_ids), dtype=np.int32, count=tokens)
     cu[0] = 0
     np.cumsum(lengths, out=cu[1:])
     positions[:] = np.arange(tokens, dtype=np.int32) - np.repeat(cu[:-1], lengths)
     segments[:] = np.repeat(np.arange(count, dtype=np.int32), lengths)
-    return HostBatch(buffer, tokens, count, int(lengths.max()))
+    return HostBatch(buffer, tokens, count, int(lengths.max()), pinned)
 
 
-def to_device(host: HostBatch, device: torch.device, pinned: bool) -> PackedBatch:
-    """One host-to-device copy (non-blocking from pinned memory on CUDA)."""
+class Staging:
+    """Pinned host memory for one batch in flight: its ids going in, its vectors coming out.
+
+    Allocated once and grown rarely, so launching a batch never waits on the allocator (a
+    fresh pinned allocation can synchronize the device). Reuse it only once its batch is done.
+    """
+
+    def __init__(self) -> None:
+        self._input: torch.Tensor | None = None
+        self._output: torch.Tensor | None = None
+
+    def input(self, size: int) -> torch.Tensor:
+        import torch
+
+        if self._input is None or self._input.numel() < size:
+            self._input = torch.empty(_grown(size), dtype=torch.int32, pin_memory=True)
+        return self._input[:size]
+
+    def output(self, rows: int, width: int) -> torch.Tensor:
+        import torch
+
+        if self._output is None or self._output.numel() < rows * width:
+            self._output = torch.empty(_grown(rows * width), dtype=torch.float32, pin_memory=True)
+        return self._output[: rows * width].view(rows, width)
+
+
+def _grown(size: int) -> int:
+    return 1 << max(16, (size - 1).bit_length())
+
+
+def to_device(host: HostBatch, device: torch.device) -> PackedBatch:
+    """One host-to-device copy: non-blocking when the batch was packed into pinned memory."""
     import torch
 
-    staged = torch.from_numpy(host.buffer)
+    staged = host.pinned if host.pinned is not None else torch.from_numpy(host.buffer)
     if device.type != "cpu":
-        if pinned:
-            staged = staged.pin_memory()
-        staged = staged.to(device, non_blocking=pinned)
+        staged = staged.to(device, non_blocking=host.pinned is not None)
     t, b = host.tokens, host.count
     cu = staged[3 * t :]
     return PackedBatch(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from embedx.errors import InvalidModel
 from embedx.models.attention import choose_attention
+from embedx.models.fused import fused_ops
 from embedx.models.weights import Checkpoint
 
 if TYPE_CHECKING:
@@ -136,46 +137,29 @@ class Qwen3Encoder:
         self.cos = angles.cos().to(dtype)
         self.sin = angles.sin().to(dtype)
         self.attention = choose_attention(device, dtype)
+        self.ops = fused_ops(device, dtype)
         self.scale = 1.0 / math.sqrt(hd)
         self.q_width = c.heads * hd
         self.qk_width = (c.heads + c.kv_heads) * hd
 
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        import torch.nn.functional as F
-
-        # one fused kernel on CUDA (statistics in float32), the same arithmetic on the CPU
-        return F.rms_norm(x, (x.shape[-1],), weight, self.config.eps)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        import torch
-
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]  # (T, h, hd / 2) each
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         import torch.nn.functional as F
 
-        c = self.config
+        c, ops = self.config, self.ops
         tokens = batch.input_ids.shape[0]
-        positions = batch.positions.long()
-        cos = self.cos[positions].unsqueeze(1)  # (T, 1, hd / 2)
-        sin = self.sin[positions].unsqueeze(1)
-        x = self.embed[batch.input_ids]  # (T, H)
-        for layer in self.layers:
-            h = self._rms_norm(x, layer.attn_norm)
+        x = self.embed[batch.input_ids]  # (T, H): the residual stream
+        h = F.rms_norm(x, (c.hidden,), self.layers[0].attn_norm, c.eps)
+        for i, layer in enumerate(self.layers):
             qkv = F.linear(h, layer.qkv_w)  # (T, (nq + 2 nkv) * hd)
-            q, k, v = (
-                qkv[:, : self.q_width],
-                qkv[:, self.q_width : self.qk_width],
-                qkv[:, self.qk_width :],
-            )
-            q = self._rms_norm(q.view(tokens, c.heads, c.head_dim), layer.q_norm)
-            k = self._rms_norm(k.view(tokens, c.kv_heads, c.head_dim), layer.k_norm)
-            v = v.view(tokens, c.kv_heads, c.head_dim)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            q, k = ops.qk_norm_rope(
+                qkv, c.heads, c.kv_heads, layer.q_norm, layer.k_norm,
+                batch.positions, self.cos, self.sin, c.eps,
+            )  # fmt: skip
+            v = qkv[:, self.qk_width :].view(tokens, c.kv_heads, c.head_dim)
             a = self.attention(q, k, v, batch, True, self.scale)  # (T, nq, hd)
-            x = x + F.linear(a.reshape(tokens, c.heads * c.head_dim), layer.o_w)
-            gate, up = F.linear(self._rms_norm(x, layer.mlp_norm), layer.gate_up_w).chunk(2, -1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_w)  # (T, H)
-        return self._rms_norm(x, self.norm)
+            attended = F.linear(a.reshape(tokens, self.q_width), layer.o_w)
+            x, h = ops.add_rms_norm(attended, x, layer.mlp_norm, c.eps)
+            mlp = F.linear(ops.silu_mul(F.linear(h, layer.gate_up_w)), layer.down_w)
+            following = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
+            x, h = ops.add_rms_norm(mlp, x, following, c.eps)  # each add feeds the next norm
+        return h  # the final norm of the last residual stream

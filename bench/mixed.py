@@ -1,0 +1,154 @@
+"""Mixed devices on real hardware: the converging queue against one device alone and static splits.
+
+    python bench/mixed.py MODEL --devices 0,cpu [--static] [--out FILE]
+
+MODEL as in throughput.py. Every policy embeds the same texts; makespan is the wall time of
+one `embed` call (tokenization included). For the converging queue: each device's share of
+the tokens and how long it sat idle before the last batch finished (its end idle). Static
+splits run one engine per device on a fixed share of the texts, concurrently: even, by
+static device score, and the best ratio found by search in hindsight (two devices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import DEFAULT_CORPUS, environment, load_corpus, write_json
+from throughput import model_directory
+
+
+async def open_engine(directory: Path, pooling: str, length: int, devices: str, tokens: int) -> Any:
+    from embedx.config import load_settings
+    from embedx.devices import discover, open_accelerator
+    from embedx.engine import Engine, EngineOptions
+    from embedx.models.catalog import ModelSpec
+    from embedx.models.pooling import Pooling
+    from embedx.models.source import resolve
+
+    settings = load_settings({"devices": devices, "max_batch_tokens": tokens})
+    spec = ModelSpec(
+        name=devices, source=str(directory), pooling=Pooling(pooling), max_seq_len=length
+    )
+    accelerators = [open_accelerator(info) for info in discover(settings)]
+    return await Engine.load(
+        spec, resolve(str(directory)), accelerators, EngineOptions(max_batch_tokens=tokens)
+    )
+
+
+async def converging(engine: Any, texts: list[str]) -> dict[str, Any]:
+    await engine.embed(texts[: len(texts) // 20])  # warm-up: measured speeds settle
+    before = {w.slot.name: (w.slot.tokens_done, w.slot.busy_s) for w in engine.workers}
+    started = time.monotonic()
+    result = await engine.embed(texts)
+    ended = time.monotonic()
+    devices = {}
+    for worker in engine.workers:
+        slot = worker.slot
+        tokens = slot.tokens_done - before[slot.name][0]
+        last = slot.last_done_at if tokens else started
+        devices[slot.name] = {
+            "tokens": tokens,
+            "token_share": round(tokens / result.tokens, 4),
+            "busy_s": round(slot.busy_s - before[slot.name][1], 3),
+            "end_idle_s": round(ended - (last or started), 4),
+            "tokens_per_s_measured": round(slot.effective_rate()),
+        }
+    return {"makespan_s": ended - started, "tokens": result.tokens, "devices": devices}
+
+
+async def static_split(engines: list[Any], texts: list[str], shares: list[float]) -> dict[str, Any]:
+    """Each engine embeds a fixed contiguous range of the length-sorted texts, concurrently."""
+    ordered = sorted(texts, key=len, reverse=True)
+    total = sum(shares)
+    parts, start = [], 0
+    for i, share in enumerate(shares):
+        end = len(ordered) if i == len(shares) - 1 else start + round(len(ordered) * share / total)
+        parts.append(ordered[start:end])
+        start = end
+    for engine, part in zip(engines, parts, strict=True):
+        if part:
+            await engine.embed(part[: max(1, len(part) // 20)])
+
+    async def run(engine: Any, part: list[str]) -> float:
+        if part:
+            await engine.embed(part)
+        return time.monotonic()
+
+    started = time.monotonic()
+    finished = await asyncio.gather(*(run(e, p) for e, p in zip(engines, parts, strict=True)))
+    makespan = max(finished) - started
+    return {
+        "shares": [round(s / total, 4) for s in shares],
+        "makespan_s": makespan,
+        "end_idle_s": [round(max(finished) - f, 4) for f in finished],
+    }
+
+
+async def measure(
+    args: argparse.Namespace, directory: Path, pooling: str, length: int
+) -> dict[str, Any]:
+    from embedx.config import load_settings
+    from embedx.devices import discover
+
+    texts = load_corpus(args.corpus, args.repeat)
+    keys = args.devices.split(",")
+    result: dict[str, Any] = {"devices": keys, "texts": len(texts)}
+    alone = await open_engine(directory, pooling, length, keys[0], args.max_batch_tokens)
+    result["fastest_alone"] = await converging(alone, texts)
+    await alone.close()
+    pair = await open_engine(directory, pooling, length, args.devices, args.max_batch_tokens)
+    result["converging"] = await converging(pair, texts)
+    await pair.close()
+    alone_s = result["fastest_alone"]["makespan_s"]
+    result["converging_vs_alone"] = result["converging"]["makespan_s"] / alone_s
+    if args.static:
+        scores = {d.key: d.score for d in discover(load_settings({"devices": args.devices}))}
+        engines = [
+            await open_engine(directory, pooling, length, k, args.max_batch_tokens) for k in keys
+        ]
+        static: dict[str, Any] = {
+            "even": await static_split(engines, texts, [1.0] * len(keys)),
+            "by_score": await static_split(engines, texts, [scores[k] for k in keys]),
+        }
+        if len(keys) == 2:
+            trials = {}
+            for share in args.oracle_grid:
+                trials[share] = await static_split(engines, texts, [share, 1 - share])
+            best = min(trials, key=lambda s: trials[s]["makespan_s"])
+            static["best_in_hindsight"] = trials[best]
+            static["search"] = {str(k): round(v["makespan_s"], 4) for k, v in trials.items()}
+        for engine in engines:
+            await engine.close()
+        result["static"] = static
+        best = static.get("best_in_hindsight", static["even"])["makespan_s"]
+        result["converging_vs_best_static"] = result["converging"]["makespan_s"] / best
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--devices", required=True, help="the mixed set, fastest first, e.g. 0,cpu")
+    parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--max-batch-tokens", type=int, default=65536)
+    parser.add_argument("--static", action="store_true", help="also run the static splits")
+    parser.add_argument("--oracle-grid", type=float, nargs="+",
+                        default=[0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9])  # fmt: skip
+    parser.add_argument("--note", default="", help="recorded as is, e.g. the co-tenant's setup")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as workdir:
+        directory, pooling, length = model_directory(args.model, Path(workdir), False, "cuda")
+        result = asyncio.run(measure(args, directory, pooling, length))
+    result.update(benchmark="mixed", model=args.model, note=args.note, environment=environment())
+    write_json(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
