@@ -1,0 +1,48 @@
+"""One line per bench JSON: the figures that matter, for a quick read of a run's output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def line(path: Path) -> str:
+    data = json.loads(path.read_text())
+    kind = data.get("benchmark")
+    if kind == "throughput":
+        rates = {k: round(v["tokens_per_s"] / 1e3) for k, v in data["methods"].items()}
+        gpu = data["methods"]["embedx"]["devices"][0]
+        return (
+            f"{data['model']}: k tok/s {rates} acc {data['accuracy_vs_float32']} "
+            f"busy {gpu['busy_s']}s of {data['methods']['embedx']['seconds']:.2f}s"
+        )
+    if kind == "mixed":
+        shares = {k: v["token_share"] for k, v in data["converging"]["devices"].items()}
+        idle = {k: v["end_idle_s"] for k, v in data["converging"]["devices"].items()}
+        static = {
+            k: round(v["makespan_s"], 3) for k, v in data.get("static", {}).items() if k != "search"
+        }
+        alone = data["fastest_alone"]["makespan_s"]
+        ours = data["converging"]["makespan_s"]
+        return (
+            f"mixed {data['model']} {data['devices']}: alone {alone:.3f}s converging {ours:.3f}s "
+            f"ratio {data['converging_vs_alone']:.3f} shares {shares} end idle {idle} "
+            f"static {static}"
+        )
+    if kind == "kernels":
+        return "kernels " + json.dumps(
+            {
+                s: {n: {k: round(v, 1) for k, v in r.items()} for n, r in rows.items()}
+                for s, rows in data["shapes"].items()
+            }
+        )
+    return f"{kind}: " + json.dumps({k: v for k, v in data.items() if k != "environment"})[:600]
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        try:
+            print(line(Path(name)))
+        except Exception as exc:  # a missing or partial file: say so and go on
+            print(f"{name}: {type(exc).__name__}: {exc}")
