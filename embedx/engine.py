@@ -296,6 +296,8 @@ class Engine:
             return
         replica = Replica(accelerator, model)
         budget, rate, fixed = await self._probe(replica)
+        for staging in replica.staging:  # texts have two tokens or more with special tokens
+            staging.reserve(budget, budget // 2, model.dimensions)
         self.replicas.append(replica)
         self.dimensions = model.dimensions
         self.dtypes[info.label] = dtype

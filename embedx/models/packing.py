@@ -71,6 +71,11 @@ class Staging:
         self._input: torch.Tensor | None = None
         self._output: torch.Tensor | None = None
 
+    def reserve(self, tokens: int, rows: int, width: int) -> None:
+        """Allocate for batches up to `tokens` tokens and `rows` texts ahead of time."""
+        self.input(4 * tokens + 1)
+        self.output(rows, width)
+
     def input(self, size: int) -> torch.Tensor:
         import torch
 
