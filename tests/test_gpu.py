@@ -185,3 +185,22 @@ def test_triton_head_norm_rope_matches_torch(q_heads: int, k_heads: int, dim: in
     assert q.is_contiguous()
     assert rel_error(q, rq) < 1e-2
     assert rel_error(k, rk) < 1e-2
+
+
+@pytest.mark.parametrize(
+    ("shape", "pooling"), [("bert-base", "mean"), ("qwen3-0.6b", "last_token")]
+)
+async def test_launching_a_batch_never_waits_on_the_device(
+    minilm_dir: Path, tiny_models: dict[str, Path], shape: str, pooling: str
+) -> None:
+    """Two batches stay in flight only if launching one never synchronizes with the GPU."""
+    async with cuda_engine(tiny_models[shape], pooling=pooling, max_seq_len=64) as engine:
+        await engine.embed(["warm up every kernel and buffer"] * 64)
+        replica = engine.replicas[0]
+        host = replica.pack([[101, 2000 + i, 2001, 102] for i in range(50)], 1)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            launched = replica.accelerator.launch(lambda: replica.run(host, 1))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        await replica.accelerator.result(launched, 10.0)
