@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import enum
+import gc
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+
+NO_IDS = np.empty(0, dtype=np.int32)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector over a burst of allocations with no await inside.
+
+    Building tens of thousands of work records otherwise triggers repeated full collections
+    that scan every live object; reference counting still frees everything as usual.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class End(enum.Enum):
@@ -78,7 +100,7 @@ class Item:
     job: Job
     index: int
     length: int
-    ids: Sequence[int] = ()
+    ids: np.ndarray = field(default_factory=lambda: NO_IDS)  # (length,) int32: a chunk's view
     generation: int = 0
     enqueued_at: float = 0.0
     attempts: int = 0
@@ -119,21 +141,21 @@ class LengthBuckets:
         Items of cancelled jobs are dropped on the way.
         """
         lengths = self._lengths
+        position = -1 if end is End.LONG else 0
         while lengths:
-            position = -1 if end is End.LONG else 0
             length = lengths[position]
             bucket = self._by_length[length]
-            while bucket:
-                item = bucket[0]
-                if item.job.cancelled:
-                    bucket.popleft()
-                    self.count -= 1
-                    continue
-                if not cut.admits(length):
-                    return
-                bucket.popleft()
+            # Within one length, how many more items fit is arithmetic, not a per-item test.
+            room = cut.room(length)
+            while bucket and room > 0:
+                item = bucket.popleft()
                 self.count -= 1
+                if item.job.cancelled:
+                    continue
                 cut.add(item)
+                room -= 1
+            if bucket:
+                return
             del self._by_length[length]
             lengths.pop(position)
 
@@ -154,15 +176,24 @@ class Cut:
     longest: int = 0
     tokens: int = 0
 
-    def admits(self, length: int) -> bool:
+    def room(self, length: int) -> int:
+        """How many more items of `length` the batch admits (at least one if it is empty)."""
         count = len(self.items)
         if not count:
-            return True
-        if self.max_items is not None and count >= self.max_items:
-            return False
-        if (count + 1) * max(self.longest, length) > self.area_budget:
-            return False
-        return self.tokens + length <= self.token_target
+            return 1 + self.room_after_first(length)
+        fits = min(
+            self.area_budget // max(self.longest, length) - count,
+            (self.token_target - self.tokens) // length,
+        )
+        if self.max_items is not None:
+            fits = min(fits, self.max_items - count)
+        return max(0, fits)
+
+    def room_after_first(self, length: int) -> int:
+        fits = min(self.area_budget // length - 1, (self.token_target - length) // length)
+        if self.max_items is not None:
+            fits = min(fits, self.max_items - 1)
+        return max(0, fits)
 
     def add(self, item: Item) -> None:
         self.items.append(item)

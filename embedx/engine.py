@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from embedx.batching import Item, Job
+from embedx.batching import Item, Job, gc_paused
 from embedx.devices import Accelerator, DeviceHung, token_budget
 from embedx.errors import (
     Bug,
@@ -55,6 +54,30 @@ class EngineState(enum.Enum):
     READY = "ready"
     DRAINING = "draining"
     CLOSED = "closed"
+
+
+def _write_rows(job: Job, indices: np.ndarray, rows: np.ndarray) -> None:
+    """Put a batch's rows in their places in the job's output, normalized there if the job
+    wants unit vectors: done per batch, on the host, while the device runs the next one."""
+    if job.unit_rows:
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        job.out[indices] = rows / np.maximum(norms, 1e-12)
+    else:
+        job.out[indices] = rows
+
+
+def _by_job(items: Sequence[Item]) -> list[tuple[Job, np.ndarray, np.ndarray]]:
+    """The live jobs of a mixed batch, each with its items' indices and their rows."""
+    grouped: dict[int, tuple[Job, list[int], list[int]]] = {}
+    for row, item in enumerate(items):
+        if item.job.cancelled:
+            continue
+        entry = grouped.get(id(item.job))
+        if entry is None:
+            entry = grouped[id(item.job)] = (item.job, [], [])
+        entry[1].append(item.index)
+        entry[2].append(row)
+    return [(job, np.array(i, np.intp), np.array(r, np.intp)) for job, i, r in grouped.values()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +119,7 @@ class Replica:
         cuda = accelerator.device.type == "cuda"
         self.staging = [Staging() for _ in range(accelerator.max_inflight)] if cuda else []
 
-    def pack(self, token_ids: Sequence[Sequence[int]], slot: int) -> HostBatch:
+    def pack(self, token_ids: Sequence[np.ndarray], slot: int) -> HostBatch:
         return pack(token_ids, self.staging[slot] if self.staging else None)
 
     def run(self, host: HostBatch, slot: int) -> torch.Tensor:
@@ -184,21 +207,15 @@ class DeviceWorker:
         if not self.queue.holds(claim):
             return  # revoked: the device was quarantined, others ran these items
         rows = output.numpy()  # (B, D) host memory: pinned staging, valid until the next launch
-        jobs: dict[int, tuple[Job, list[int], list[int]]] = {}
-        for row, item in enumerate(claim.items):
-            job = item.job
-            if job.cancelled:
-                continue
-            entry = jobs.get(id(job))
-            if entry is None:
-                entry = jobs[id(job)] = (job, [], [])
-            entry[1].append(item.index)
-            entry[2].append(row)
-        for job, indices, picked in jobs.values():
-            block = rows[picked]  # a copy
-            if job.unit_rows:  # normalized here, batch by batch, while the device works
-                block /= np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
-            job.out[indices] = block
+        items = claim.items
+        first = items[0].job
+        if all(item.job is first for item in items):  # the common case: one request
+            if not first.cancelled:
+                indices = np.fromiter((item.index for item in items), np.intp, len(items))
+                _write_rows(first, indices, rows)
+        else:
+            for job, indices, picked in _by_job(items):
+                _write_rows(job, indices, rows[picked])
         self.batch_tokens.observe(claim.tokens)
         self.queue.complete(claim, seconds)
 
@@ -295,18 +312,14 @@ class Engine:
             accelerator.release_cached_memory()
             return
         replica = Replica(accelerator, model)
-        budget, rate, fixed = await self._probe(replica)
+        budget, probe = await self._probe(replica)
         for staging in replica.staging:  # texts have two tokens or more with special tokens
             staging.reserve(budget, budget // 2, model.dimensions)
         self.replicas.append(replica)
         self.dimensions = model.dimensions
         self.dtypes[info.label] = dtype
         slot = self.queue.add_device(
-            info.label,
-            budget=budget,
-            rate=rate,
-            fixed_s=fixed,
-            max_inflight=accelerator.max_inflight,
+            info.label, budget=budget, rate=1.0, max_inflight=accelerator.max_inflight, probe=probe
         )
         self.workers.append(DeviceWorker(self, replica, slot))
         log.info(
@@ -315,20 +328,20 @@ class Engine:
             info.label,
             dtype,
             budget,
-            rate,
-            fixed * 1000,
+            slot.speed.rate,
+            slot.speed.fixed * 1000,
         )
 
     def _probe_batch(self, tokens: int, length: int) -> HostBatch:
         vocab = int(self.files.config.get("vocab_size") or 1000)
         rng = np.random.default_rng(0)
         count = max(1, tokens // length)
-        ids = rng.integers(min(100, vocab - 1), vocab, size=(count, length)).tolist()
-        return pack(ids)  # plain memory: probes run one at a time, so nothing needs staging
+        ids = rng.integers(min(100, vocab - 1), vocab, size=(count, length), dtype=np.int32)
+        return pack(list(ids))  # plain memory: probes run one at a time, so nothing needs staging
 
-    async def _probe(self, replica: Replica) -> tuple[int, float, float]:
-        """Measure activation bytes per token (for the budget), then the speed on a small and
-        a large batch (for the scheduler's prior): returns (budget, tokens/s, fixed s)."""
+    async def _probe(self, replica: Replica) -> tuple[int, list[tuple[float, float]]]:
+        """Measure activation bytes per token (for the budget), then the time of a small and
+        a large batch (the scheduler's prior): returns the budget and (tokens, seconds)s."""
         accelerator = replica.accelerator
         info = accelerator.info
         cap = self.options.max_batch_tokens
@@ -350,13 +363,10 @@ class Engine:
         large_tokens = budget if info.is_cuda else min(budget, 2048)
         large = self._probe_batch(large_tokens, min(length, 128))
         await self._timed(replica, small)  # warm-up: kernels, allocator
-        small_s = await self._timed(replica, small)
-        large_s = await self._timed(replica, large)
-        rate = (large.tokens - small.tokens) / max(large_s - small_s, 1e-9)
-        fixed = max(0.0, small_s - small.tokens / rate)
-        if not math.isfinite(rate) or rate <= 0:
-            rate, fixed = large.tokens / large_s, 0.0
-        return budget, rate, fixed
+        points = []
+        for batch in (small, large, small, large):
+            points.append((float(batch.tokens), await self._timed(replica, batch)))
+        return budget, points
 
     async def _timed(self, replica: Replica, host: HostBatch) -> float:
         accelerator = replica.accelerator
@@ -475,8 +485,10 @@ class Engine:
     async def _submit_next(self, job: Job, ahead: deque[tuple[int, asyncio.Task[Encoded]]]) -> int:
         first, task = ahead.popleft()
         encoded = await task
-        pairs = enumerate(zip(encoded.lengths, encoded.ids, strict=True))
-        self.queue.submit(job, [Item(job, first + i, n, ids) for i, (n, ids) in pairs])
+        with gc_paused():
+            views = zip(encoded.lengths, encoded.views(), strict=True)
+            items = [Item(job, first + i, n, ids) for i, (n, ids) in enumerate(views)]
+            self.queue.submit(job, items)
         return encoded.truncated
 
     # -- shutting down -------------------------------------------------------------------

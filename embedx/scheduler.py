@@ -38,12 +38,24 @@ class SpeedModel:
     __slots__ = ("_sw", "_sx", "_sxx", "_sxy", "_sy", "fixed", "measured", "rate", "samples")
     DECAY = 0.85  # weight of older batches: about the last seven dominate
 
-    def __init__(self, rate: float, fixed: float = 0.0, *, measured: bool = True) -> None:
+    def __init__(
+        self,
+        rate: float,
+        fixed: float = 0.0,
+        *,
+        measured: bool = True,
+        points: Sequence[tuple[float, float]] = (),
+    ) -> None:
         self.rate = rate
         self.fixed = fixed
         self.measured = measured  # the prior was measured (a probe), not a static score
         self.samples = 0
         self._sw = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        # A probe's (tokens, seconds) points seed the fit, so one tiny batch later (a smoke
+        # test) cannot pass for the device's speed.
+        for tokens, seconds in points:
+            self.observe(tokens, seconds)
+        self.samples = 0
 
     def seconds(self, tokens: float) -> float:
         return self.fixed + tokens / self.rate
@@ -164,10 +176,12 @@ class ConvergingQueue:
         fixed_s: float = 0.0,
         max_inflight: int = 1,
         measured: bool = True,
+        probe: Sequence[tuple[float, float]] = (),
     ) -> DeviceSlot:
         """Register a device. `rate` and `fixed_s` are the prior speed: a load-time probe
-        (`measured`) or a static score, which others do not count on until it is measured."""
-        speed = SpeedModel(rate, fixed_s, measured=measured)
+        (`measured`, with its (tokens, seconds) points) or a static score, which others do
+        not count on until the device is measured."""
+        speed = SpeedModel(rate, fixed_s, measured=measured, points=probe)
         slot = DeviceSlot(name, max(1, budget), max_inflight, speed)
         self.devices.append(slot)
         return slot
@@ -252,11 +266,13 @@ class ConvergingQueue:
         if not cut.items:
             return None
         now = self.clock()
+        oldest = now
         for item in cut.items:
             job = item.job
             job.pending_items -= 1
             job.pending_tokens -= item.length
-            self.queue_wait.observe(now - item.enqueued_at)
+            oldest = min(oldest, item.enqueued_at)
+        self.queue_wait.observe(now - oldest)  # per batch: its longest-waiting item
         self.pending_items -= len(cut.items)
         self.pending_tokens -= cut.tokens
         claim = Claim(

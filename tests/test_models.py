@@ -30,7 +30,7 @@ TEXTS = ["hello world", "a somewhat longer sentence, with more words in it", "x 
 
 def forward(directory: Path, pooling: str, implementation: str, texts: list[str]) -> np.ndarray:
     files = resolve(str(directory))
-    ids = TextTokenizer(files, 64).encode_now(texts).ids
+    ids = TextTokenizer(files, 64).encode_now(texts).views()
     model = EmbeddingModel(files, Pooling(pooling), CPU, "float32", implementation)
     return model.forward(to_device(pack(ids), CPU)).numpy()
 
@@ -232,7 +232,7 @@ def test_sentence_transformers_dense_layers_are_applied(minilm_dir: Path, tmp_pa
     reference = SentenceTransformer(str(directory), device="cpu").encode(TEXTS)
     files = resolve(str(directory))
     assert len(files.dense) == 1
-    ids = TextTokenizer(files, 256).encode_now(TEXTS).ids
+    ids = TextTokenizer(files, 256).encode_now(TEXTS).views()
     model = EmbeddingModel(files, Pooling.MEAN, CPU, "float32")
     ours = model.forward(to_device(pack(ids), CPU)).numpy()
     ours = finish(ours, dimensions=None, normalize=True, model_normalizes=files.normalizes)

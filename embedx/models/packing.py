@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -42,7 +41,7 @@ class PackedBatch:
         return self.segments * self.max_len + self.positions.long()
 
 
-def pack(token_ids: Sequence[Sequence[int]], staging: Staging | None = None) -> HostBatch:
+def pack(token_ids: Sequence[np.ndarray], staging: Staging | None = None) -> HostBatch:
     """Pack texts' token ids into one int32 array (in `staging`'s pinned memory if given),
     without a Python loop over tokens."""
     count = len(token_ids)
@@ -52,7 +51,7 @@ def pack(token_ids: Sequence[Sequence[int]], staging: Staging | None = None) -> 
     pinned = staging.input(size) if staging is not None else None
     buffer = pinned.numpy() if pinned is not None else np.empty(size, dtype=np.int32)
     ids, positions, segments, cu = np.split(buffer, [tokens, 2 * tokens, 3 * tokens])
-    ids[:] = np.fromiter(chain.from_iterable(token_ids), dtype=np.int32, count=tokens)
+    np.concatenate(token_ids, out=ids, casting="unsafe")
     cu[0] = 0
     np.cumsum(lengths, out=cu[1:])
     positions[:] = np.arange(tokens, dtype=np.int32) - np.repeat(cu[:-1], lengths)

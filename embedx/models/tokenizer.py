@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate, chain
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from embedx.batching import gc_paused
 from embedx.errors import InputTooLong, InvalidInput
 
 if TYPE_CHECKING:
@@ -18,11 +22,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """A chunk of texts as token ids, in order, after truncation."""
+    """A chunk of texts as token ids, in order, after truncation: text i is
+    `ids[offsets[i] : offsets[i] + lengths[i]]`."""
 
-    ids: list[list[int]]
+    ids: np.ndarray  # (total,) int32, every text's ids end to end
+    offsets: list[int]
     lengths: list[int]
     truncated: int  # how many texts were cut to the model's length
+
+    def views(self) -> list[np.ndarray]:
+        """Each text's ids as a view into the chunk's one array."""
+        ids = self.ids
+        return [ids[o : o + n] for o, n in zip(self.offsets, self.lengths, strict=True)]
 
 
 class TextTokenizer:
@@ -50,7 +61,15 @@ class TextTokenizer:
         return self._collect(self._tokenizer.encode_batch_fast(list(texts)), truncate)
 
     def _collect(self, encodings: list[Encoding], truncate: bool) -> Encoded:
-        ids = [e.ids for e in encodings]
+        with gc_paused():
+            return self._gather(encodings, truncate)
+
+    def _gather(self, encodings: list[Encoding], truncate: bool) -> Encoded:
+        # One int32 array per chunk: the ids' Python ints live only while they are copied,
+        # so tens of thousands of texts leave no garbage for the collector to scan.
+        lengths = list(map(len, encodings))
+        total = sum(lengths)
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int32, total)
         truncated = [i for i, e in enumerate(encodings) if e.overflowing]
         if truncated and not truncate:
             raise InputTooLong(
@@ -58,13 +77,13 @@ class TextTokenizer:
                 "send shorter texts or set truncate to true",
                 param="inputs",
             )
-        lengths = [len(x) for x in ids]
         if 0 in lengths:
             raise InvalidInput(
                 f"input {lengths.index(0)} has no tokens for this model's tokenizer",
                 param="input",
             )
-        return Encoded(ids, lengths, len(truncated))
+        offsets = [0, *accumulate(lengths)][:-1]
+        return Encoded(ids, offsets, lengths, len(truncated))
 
 
 def _load(files: ModelFiles) -> Tokenizer:

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The commands behind the README's measured results, on a device machine (see DEPLOY.md).
+# Usage: bench/run_gpu.sh STAGE OUTDIR   (run from the repository root)
+#   single   one H200, 16 cores: GPU tests, throughput of every model, GPU + CPU pair
+#   two      two H200s: throughput on both, and the converging queue with a co-tenant on GPU 1
+#   load     the server under concurrent OpenAI SDK clients, against the library
+set -u
+stage=$1
+out=$2
+mkdir -p "$out"
+export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
+cores="taskset -c 0-15"  # the reference machine has 16 cores
+cd bench
+case $stage in
+single)
+  timeout 120 python3 -m pytest -q -m gpu ../tests/test_gpu.py -p no:cacheprovider -o addopts="" >"$out/pytest.txt" 2>&1
+  tail -2 "$out/pytest.txt"
+  for model in minilm bert-base bert-large xlm-roberta-large qwen3-0.6b; do
+    timeout 150 $cores python3 throughput.py $model --peer-fraction 0.1 \
+      --out "$out/throughput-$model.json" >"$out/throughput-$model.log" 2>&1
+    python3 summarize.py "$out/throughput-$model.json"
+  done
+  for model in minilm bert-large; do
+    timeout 90 $cores python3 mixed.py $model --devices 0,cpu --out "$out/mixed-$model-gpu-cpu.json" \
+      >"$out/mixed-$model-gpu-cpu.log" 2>&1
+    python3 summarize.py "$out/mixed-$model-gpu-cpu.json"
+  done
+  ;;
+two)
+  for model in minilm bert-large; do
+    timeout 90 python3 throughput.py $model --devices 0,1 --skip transformers sentence_transformers \
+      --out "$out/throughput-$model-two-gpus.json" >"$out/throughput-$model-two-gpus.log" 2>&1
+    python3 summarize.py "$out/throughput-$model-two-gpus.json"
+  done
+  # two co-tenant processes share GPU 1 with us: time-slicing leaves us about a third of it
+  python3 cotenant.py --device 1 --seconds 400 & python3 cotenant.py --device 1 --seconds 400 &
+  sleep 5
+  for model in bert-large minilm; do
+    timeout 150 python3 mixed.py $model --devices 0,1 --static --oracle-grid 0.55 0.65 0.75 0.85 \
+      --note "GPU 1 shared with two co-tenant processes running bf16 8192^3 matrix products" \
+      --out "$out/mixed-$model-cotenant.json" >"$out/mixed-$model-cotenant.log" 2>&1
+    python3 summarize.py "$out/mixed-$model-cotenant.json"
+  done
+  kill %1 %2 2>/dev/null
+  ;;
+load)
+  timeout 200 python3 load.py --model sentence-transformers/all-MiniLM-L6-v2 --clients 32 \
+    --out "$out/load-minilm.json" >"$out/load-minilm.log" 2>&1
+  python3 summarize.py "$out/load-minilm.json"
+  ;;
+esac
