@@ -7,6 +7,7 @@ should take microseconds to milliseconds, never the busy kernel's second.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import numpy as np
@@ -46,7 +47,8 @@ async def main() -> None:
             out.copy_(vectors, non_blocking=True)
             marks.append(time.perf_counter())
         steps = ("to_device", "forward", "staging", "copy")
-        print({s: round((b - a) * 1000, 2) for s, a, b in zip(steps, marks, marks[1:])}, "ms")
+        took = [round((b - a) * 1000, 2) for a, b in itertools.pairwise(marks)]
+        print(dict(zip(steps, took, strict=True)), "ms")
         torch.cuda.synchronize()
     await engine.close()
 
