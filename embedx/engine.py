@@ -319,7 +319,12 @@ class Engine:
         self.dimensions = model.dimensions
         self.dtypes[info.label] = dtype
         slot = self.queue.add_device(
-            info.label, budget=budget, rate=1.0, max_inflight=accelerator.max_inflight, probe=probe
+            info.label,
+            budget=budget,
+            rate=1.0,
+            max_inflight=accelerator.max_inflight,
+            probe=probe,
+            shares_host=not info.is_cuda,
         )
         self.workers.append(DeviceWorker(self, replica, slot))
         log.info(
@@ -362,6 +367,12 @@ class Engine:
         small = self._probe_batch(min(budget, 64), min(length, 32))
         large_tokens = budget if info.is_cuda else min(budget, 2048)
         large = self._probe_batch(large_tokens, min(length, 128))
+        if info.is_cuda:
+            # CUDA loads a kernel the first time it runs, and loading synchronizes the whole
+            # device: run the shapes serving will meet now, not between two batches in flight.
+            for width in sorted({min(w, length) for w in (8, 32, 128, 512, length)}):
+                for tokens in (budget // 32, budget // 8, budget // 2, budget):
+                    await self._timed(replica, self._probe_batch(max(tokens, width), width))
         await self._timed(replica, small)  # warm-up: kernels, allocator
         points = []
         for batch in (small, large, small, large):
@@ -466,6 +477,7 @@ class Engine:
         still being tokenized. Returns how many texts were truncated."""
         ahead: deque[tuple[int, asyncio.Task[Encoded]]] = deque()
         truncated = 0
+        self.queue.feeding_started()
         try:
             for start in range(0, len(texts), TOKENIZE_CHUNK):
                 chunk = texts[start : start + TOKENIZE_CHUNK]
@@ -476,6 +488,7 @@ class Engine:
             while ahead:
                 truncated += await self._submit_next(job, ahead)
         finally:
+            self.queue.feeding_done()
             for _, task in ahead:
                 task.cancel()
                 if task.done() and not task.cancelled():

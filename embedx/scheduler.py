@@ -109,6 +109,7 @@ class DeviceSlot:
     tokens_done: int = 0
     batches_done: int = 0
     busy_s: float = 0.0
+    shares_host: bool = False  # computes on the host CPU that tokenization also needs
     last_done_at: float | None = None  # the queue clock when its last batch finished
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -164,6 +165,7 @@ class ConvergingQueue:
         self.padding_tokens = 0
         self.queue_wait = Histogram(LATENCY_BUCKETS_S)
         self.closed = False
+        self.feeding = 0  # jobs still being tokenized and submitted
 
     # -- devices -------------------------------------------------------------------------
 
@@ -177,12 +179,13 @@ class ConvergingQueue:
         max_inflight: int = 1,
         measured: bool = True,
         probe: Sequence[tuple[float, float]] = (),
+        shares_host: bool = False,
     ) -> DeviceSlot:
         """Register a device. `rate` and `fixed_s` are the prior speed: a load-time probe
         (`measured`, with its (tokens, seconds) points) or a static score, which others do
         not count on until the device is measured."""
         speed = SpeedModel(rate, fixed_s, measured=measured, points=probe)
-        slot = DeviceSlot(name, max(1, budget), max_inflight, speed)
+        slot = DeviceSlot(name, max(1, budget), max_inflight, speed, shares_host=shares_host)
         self.devices.append(slot)
         return slot
 
@@ -229,6 +232,13 @@ class ConvergingQueue:
         self.pending_tokens += tokens
         self._wake_all()
 
+    def feeding_started(self) -> None:
+        self.feeding += 1
+
+    def feeding_done(self) -> None:
+        self.feeding -= 1
+        self._wake_all()
+
     def cancel(self, job: Job) -> None:
         """Drop a job's pending items (they are skipped when a claim reaches them)."""
         if job.cancelled:
@@ -248,6 +258,14 @@ class ConvergingQueue:
         if not device.active or len(device.inflight) >= device.max_inflight:
             return None
         if self.pending_items <= 0:
+            return None
+        if (
+            device.shares_host
+            and self.feeding
+            and any(d.active and not d.shares_host for d in self.devices)
+        ):
+            # While texts are still being tokenized, the host's cores are what feeds the
+            # accelerators: computing on them too would slow every device down.
             return None
         end = self.end_for(device)
         target = self._tail_target(device, end)

@@ -244,3 +244,15 @@ def test_a_slow_device_sits_out_when_it_would_finish_last() -> None:
     alone = static_split(devices[:1], [20] * 200, [1.0])
     assert result.batches["slow"] == 0
     assert result.makespan <= alone.makespan * 1.001
+
+
+def test_a_device_on_the_host_cpu_waits_while_texts_are_still_being_tokenized() -> None:
+    queue = ConvergingQueue(clock=Clock())
+    gpu = queue.add_device("gpu", budget=100, rate=1e7)
+    cpu = queue.add_device("cpu", budget=100, rate=1e6, shares_host=True)
+    job_of(queue, [10] * 50)
+    queue.feeding_started()
+    assert queue.claim(cpu) is None
+    assert queue.claim(gpu) is not None
+    queue.feeding_done()
+    assert queue.claim(cpu) is not None
