@@ -15,12 +15,12 @@ case $stage in
 single)
   timeout 120 python3 -m pytest -q -m gpu ../tests/test_gpu.py -p no:cacheprovider -o addopts="" >"$out/pytest.txt" 2>&1
   tail -2 "$out/pytest.txt"
-  for model in minilm bert-base bert-large xlm-roberta-large qwen3-0.6b; do
+  for model in ${MODELS:-minilm bert-base bert-large xlm-roberta-large qwen3-0.6b}; do
     timeout 150 $cores python3 throughput.py $model --peer-fraction 0.1 \
       --out "$out/throughput-$model.json" >"$out/throughput-$model.log" 2>&1
     python3 summarize.py "$out/throughput-$model.json"
   done
-  for model in minilm bert-large; do
+  for model in ${MIXED:-minilm bert-large}; do
     timeout 90 $cores python3 mixed.py $model --devices 0,cpu --out "$out/mixed-$model-gpu-cpu.json" \
       >"$out/mixed-$model-gpu-cpu.log" 2>&1
     python3 summarize.py "$out/mixed-$model-gpu-cpu.json"
@@ -44,8 +44,9 @@ two)
   kill %1 %2 2>/dev/null
   ;;
 load)
-  timeout 200 python3 load.py --model sentence-transformers/all-MiniLM-L6-v2 --clients 32 \
-    --out "$out/load-minilm.json" >"$out/load-minilm.log" 2>&1
+  # the server needs its HTTP stack, carried as wheels (DEPLOY.md: device runs)
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site ../.whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  timeout 200 $cores python3 load.py --clients 32 --out "$out/load-minilm.json" >"$out/load-minilm.log" 2>&1
   python3 summarize.py "$out/load-minilm.json"
   ;;
 esac

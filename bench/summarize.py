@@ -30,6 +30,15 @@ def line(path: Path) -> str:
             f"ratio {data['converging_vs_alone']:.3f} shares {shares} end idle {idle} "
             f"static {static}"
         )
+    if kind == "load":
+        server, library = data["server"], data["library"]
+        return (
+            f"load {data['model']} {data['clients']} clients x {data['texts_per_request']} texts: "
+            f"server {server['tokens_per_s'] / 1e3:.0f}k tok/s, "
+            f"{server['requests_per_s']:.1f} req/s, "
+            f"p50 {server['latency_p50_s']:.3f}s p99 {server['latency_p99_s']:.3f}s; library "
+            f"{library['tokens_per_s'] / 1e3:.0f}k tok/s; ratio {data['server_vs_library']:.3f}"
+        )
     if kind == "kernels":
         return "kernels " + json.dumps(
             {

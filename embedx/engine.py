@@ -11,7 +11,6 @@ import asyncio
 import enum
 import logging
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,7 @@ from embedx.models.catalog import ModelSpec, check_template
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype, weight_bytes
 from embedx.models.packing import HostBatch, Staging, pack, to_device
 from embedx.models.pooling import Pooling, check_dimensions, finish
-from embedx.models.tokenizer import Encoded, TextTokenizer
+from embedx.models.tokenizer import TextTokenizer
 from embedx.scheduler import Claim, ConvergingQueue, DeviceSlot
 from embedx.telemetry import LATENCY_BUCKETS_S, TOKEN_BUCKETS, Histogram
 
@@ -43,8 +42,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("embedx.engine")
 
-TOKENIZE_CHUNK = 2048  # texts per tokenizer call: the first batch starts early
-TOKENIZE_AHEAD = 4  # chunks in the tokenizer's threads at once, while the loop submits
+# Texts per tokenizer call: a small first chunk so the devices start early, then large ones.
+# One call at a time: the tokenizer spreads each call over every core, and calls running
+# side by side were slower in total (bench/tokenization.py on a 16-core H200 host).
+FIRST_CHUNK = 1024
+TOKENIZE_CHUNK = 8192
 HANG_FACTOR = 20  # a batch taking this many times its expected time marks its device hung
 SMOKE_TEXT = "embedx smoke test: the quick brown fox jumps over the lazy dog."
 
@@ -472,37 +474,27 @@ class Engine:
         return EmbedResult(vectors, job.tokens, truncated, now - submitted, now - started)
 
     async def _tokenize_into(self, job: Job, texts: Sequence[str], truncate: bool) -> int:
-        """Tokenize in chunks, several at once in the tokenizer's threads, and submit each
-        chunk in order as it is ready: devices start on the first chunk while the rest is
-        still being tokenized. Returns how many texts were truncated."""
-        ahead: deque[tuple[int, asyncio.Task[Encoded]]] = deque()
+        """Tokenize chunk by chunk, submitting each as soon as it is ready: devices start on
+        the first chunk while the rest is still being tokenized. Returns how many texts were
+        truncated."""
         truncated = 0
+        start = 0
         self.queue.feeding_started()
         try:
-            for start in range(0, len(texts), TOKENIZE_CHUNK):
-                chunk = texts[start : start + TOKENIZE_CHUNK]
-                task = asyncio.ensure_future(self.tokenizer.encode(chunk, truncate=truncate))
-                ahead.append((start, task))
-                if len(ahead) == TOKENIZE_AHEAD:
-                    truncated += await self._submit_next(job, ahead)
-            while ahead:
-                truncated += await self._submit_next(job, ahead)
+            while start < len(texts):
+                size = FIRST_CHUNK if start == 0 else TOKENIZE_CHUNK
+                encoded = await self.tokenizer.encode(
+                    texts[start : start + size], truncate=truncate
+                )
+                with gc_paused():
+                    views = zip(encoded.lengths, encoded.views(), strict=True)
+                    items = [Item(job, start + i, n, ids) for i, (n, ids) in enumerate(views)]
+                    self.queue.submit(job, items)
+                truncated += encoded.truncated
+                start += size
         finally:
             self.queue.feeding_done()
-            for _, task in ahead:
-                task.cancel()
-                if task.done() and not task.cancelled():
-                    task.exception()  # retrieved: the first error is the one raised
         return truncated
-
-    async def _submit_next(self, job: Job, ahead: deque[tuple[int, asyncio.Task[Encoded]]]) -> int:
-        first, task = ahead.popleft()
-        encoded = await task
-        with gc_paused():
-            views = zip(encoded.lengths, encoded.views(), strict=True)
-            items = [Item(job, first + i, n, ids) for i, (n, ids) in enumerate(views)]
-            self.queue.submit(job, items)
-        return encoded.truncated
 
     # -- shutting down -------------------------------------------------------------------
 

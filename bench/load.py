@@ -1,0 +1,171 @@
+"""The server under load from concurrent OpenAI SDK clients, against the library on the same texts.
+
+    python bench/load.py [--model NAME] [--clients 32] [--batch 256] [--requests 400] [--out FILE]
+
+Loopback only. First the library embeds all the texts the clients will send (one `embed`
+call, in this process); then a server starts in a subprocess on a free 127.0.0.1 port and
+N AsyncOpenAI clients send the same texts in requests of --batch texts (base64, the SDK's
+default). JSON out: requests/s, p50/p99 latency, tokens/s, and server/library tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import DEFAULT_CORPUS, environment, load_corpus, write_json
+from throughput import model_directory
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def library_rate(
+    model: str, pooling: str | None, texts: list[str], tokens: int
+) -> dict[str, Any]:
+    from embedx.config import load_settings
+    from embedx.devices import discover, open_accelerator
+    from embedx.engine import Engine
+    from embedx.models.catalog import load_catalog
+    from embedx.models.source import resolve
+    from embedx.registry import LoadRequest, ModelRegistry
+
+    settings = load_settings({"max_batch_tokens": tokens})
+    registry = ModelRegistry(settings, load_catalog(None), discover(settings), open_accelerator)
+    spec = registry.spec_for(model, LoadRequest(pooling=pooling))
+    accelerators = [open_accelerator(d) for d in registry.devices]
+    engine = await Engine.load(spec, resolve(spec.source), accelerators, registry.engine_options())
+    try:
+        await engine.embed(texts[: max(1, len(texts) // 20)])
+        started = time.perf_counter()
+        result = await engine.embed(texts)
+        seconds = time.perf_counter() - started
+    finally:
+        await engine.close()
+    return {"tokens": result.tokens, "seconds": seconds, "tokens_per_s": result.tokens / seconds}
+
+
+async def drive(base_url: str, model: str, pooling: str | None, batches: list[list[str]],
+                clients: int) -> dict[str, Any]:  # fmt: skip
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="load-test", max_retries=0, timeout=600)
+    extra = {"pooling": pooling} if pooling else None
+    await client.embeddings.create(model=model, input=batches[0][:4], extra_body=extra)  # loads
+    latencies: list[float] = []
+    tokens = 0
+    next_batch = 0
+
+    async def worker() -> None:
+        nonlocal tokens, next_batch
+        while next_batch < len(batches):
+            batch = batches[next_batch]
+            next_batch += 1
+            sent = time.perf_counter()
+            response = await client.embeddings.create(model=model, input=batch, extra_body=extra)
+            latencies.append(time.perf_counter() - sent)
+            assert len(response.data) == len(batch)
+            tokens += response.usage.total_tokens
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    seconds = time.perf_counter() - started
+    await client.close()
+    ordered = sorted(latencies)
+    return {
+        "requests": len(latencies),
+        "seconds": seconds,
+        "requests_per_s": len(latencies) / seconds,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "latency_p50_s": statistics.median(ordered),
+        "latency_p99_s": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+    }
+
+
+def start_server(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "EMBEDX_HOST": "127.0.0.1",
+        "EMBEDX_PORT": str(port),
+        "EMBEDX_MAX_BATCH_TOKENS": str(args.max_batch_tokens),
+        "EMBEDX_MAX_CONCURRENT_REQUESTS": str(args.clients),
+        "EMBEDX_LOG_LEVEL": "warning",
+    }
+    server = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env)
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.2)
+    server.terminate()
+    raise SystemExit("the server did not come up within 120 s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=MINILM, help="a catalog name or a random shape")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=256, help="texts per request")
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
+    parser.add_argument("--max-batch-tokens", type=int, default=65536)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    corpus = load_corpus(args.corpus, repeat=4)
+    texts = corpus[: args.requests * args.batch]
+    batches = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
+    with tempfile.TemporaryDirectory() as workdir:
+        model, pooling = args.model, None
+        if args.model != MINILM:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            directory, pooling, _ = model_directory(args.model, Path(workdir), False, device)
+            model = str(directory)
+        library = asyncio.run(library_rate(model, pooling, texts, args.max_batch_tokens))
+        port = free_port()
+        server = start_server(port, args)
+        try:
+            import uvloop
+
+            served = uvloop.run(
+                drive(f"http://127.0.0.1:{port}/v1", model, pooling, batches, args.clients)
+            )
+        finally:
+            server.terminate()
+            server.wait(60)
+    result = {
+        "benchmark": "load",
+        "model": args.model,
+        "clients": args.clients,
+        "texts_per_request": args.batch,
+        "encoding_format": "base64",
+        "library": library,
+        "server": served,
+        "server_vs_library": served["tokens_per_s"] / library["tokens_per_s"],
+        "environment": environment(),
+    }
+    write_json(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

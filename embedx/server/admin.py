@@ -1,0 +1,48 @@
+"""Operational routes: /health, /info, /metrics, and the API's own description."""
+
+from __future__ import annotations
+
+import time
+
+from blacksheep import Content, Request, Response
+
+from embedx import __version__
+from embedx.server.metrics import render
+from embedx.server.openapi import docs_page, openapi_spec
+from embedx.server.responses import json_response
+from embedx.server.state import ServerState
+
+
+async def health(state: ServerState, http: Request) -> Response:
+    """Liveness for load balancers: touches no model and takes no request slot."""
+    if state.draining:
+        return json_response({"status": "draining"}, 503, {"Retry-After": "10"})
+    degraded = state.registry.degraded()
+    return json_response({"status": "degraded" if degraded else "ok", "quarantined": degraded})
+
+
+async def info(state: ServerState, http: Request) -> Response:
+    return json_response(
+        {
+            "version": __version__,
+            "uptime_s": round(time.time() - state.started_at, 1),
+            "settings": state.settings.redacted(),
+            "devices": [d.as_dict() for d in state.devices],
+            "requests": {**state.admission.describe(), "http_in_flight": state.in_flight},
+            "models": state.registry.describe(),
+            "quarantined": state.registry.degraded(),
+        }
+    )
+
+
+async def metrics(state: ServerState, http: Request) -> Response:
+    text = render(state.http, state.registry, state.admission)
+    return Response(200, None, Content(b"text/plain; version=0.0.4", text.encode()))
+
+
+async def openapi_json(state: ServerState, http: Request) -> Response:
+    return json_response(openapi_spec())
+
+
+async def docs(state: ServerState, http: Request) -> Response:
+    return Response(200, None, Content(b"text/html; charset=utf-8", docs_page().encode()))

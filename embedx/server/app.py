@@ -1,0 +1,86 @@
+"""The app factory: Settings in, the ASGI app out, routes and error handling built once."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from blacksheep import Application, Request, Response
+from blacksheep.server.routing import Router
+
+from embedx.config import Settings
+from embedx.errors import Bug, EmbedxError, MethodNotAllowed, NotFound
+from embedx.registry import ModelRegistry
+from embedx.server import admin, embeddings
+from embedx.server.admission import Admission
+from embedx.server.edge import Edge
+from embedx.server.responses import error_response
+from embedx.server.state import ServerState
+
+log = logging.getLogger("embedx.server")
+Handler = Callable[[ServerState, Request], Awaitable[Response]]
+
+ROUTES: tuple[tuple[str, str, Handler], ...] = (
+    ("POST", "/v1/embeddings", embeddings.create_embeddings),
+    ("GET", "/v1/models", embeddings.list_models),
+    ("POST", "/embed", embeddings.embed_tei),
+    ("GET", "/health", admin.health),
+    ("GET", "/info", admin.info),
+    ("GET", "/metrics", admin.metrics),
+    ("GET", "/openapi.json", admin.openapi_json),
+    ("GET", "/docs", admin.docs),
+)
+
+
+def create_app(settings: Settings, registry: ModelRegistry | None = None) -> Edge:
+    """The whole server as one ASGI app. Without a registry, devices are discovered and the
+    catalog read here, before anything is served."""
+    if registry is None:
+        from embedx.devices import discover, open_accelerator
+        from embedx.models.catalog import load_catalog
+
+        registry = ModelRegistry(
+            settings, load_catalog(settings.models_file), discover(settings), open_accelerator
+        )
+    admission = Admission(settings.max_concurrent_requests, settings.request_queue_timeout_s)
+    state = ServerState(settings, registry, registry.devices, admission)
+    app = Application(router=Router())
+    for method, path, handler in ROUTES:
+        app.router.add(method, path, _bound(state, handler))
+    app.router.fallback = _fallback
+    app.exceptions_handlers[EmbedxError] = _embedx_error
+    app.exceptions_handlers[Exception] = _unexpected_error
+
+    async def drain(application: Application) -> None:
+        await registry.drain(settings.drain_timeout_s)
+
+    app.on_stop += drain
+    return Edge(app, state, frozenset(path for _, path, _ in ROUTES))
+
+
+def _bound(state: ServerState, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def route(request: Request) -> Response:
+        return await handler(state, request)
+
+    route.__name__ = handler.__name__
+    return route
+
+
+async def _fallback(request: Request) -> Response:
+    path = request.url.path.decode()
+    allowed = [method for method, known, _ in ROUTES if known == path]
+    if allowed:
+        return error_response(
+            MethodNotAllowed(f"{request.method} is not allowed on {path}", allow=allowed)
+        )
+    return error_response(NotFound(f"no route {request.method} {path}; see /docs"))
+
+
+async def _embedx_error(app: Any, request: Request, error: EmbedxError) -> Response:
+    return error_response(error)
+
+
+async def _unexpected_error(app: Any, request: Request, error: Exception) -> Response:
+    log.error("%s %s failed", request.method, request.url.path.decode(), exc_info=error)
+    return error_response(Bug("The request failed unexpectedly; the server log has the details."))

@@ -1,0 +1,76 @@
+"""`embedx serve`: the app on uvloop, served in-process by granian's embedded server; on
+SIGTERM or Ctrl-C it stops taking requests, drains the ones in flight, unloads, exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import signal
+
+from embedx.config import Settings
+from embedx.server.app import create_app
+
+log = logging.getLogger("embedx.server")
+
+
+def serve(settings: Settings) -> int:
+    import uvloop
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not _loopback(settings.host) and not settings.api_key:
+        log.warning(
+            "binding %s with no API key: anyone who can reach this port can use the server "
+            "(set EMBEDX_API_KEY)",
+            settings.host,
+        )
+    return uvloop.run(_serve(settings))
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def _serve(settings: Settings) -> int:
+    from granian.constants import Interfaces
+    from granian.server.embed import Server
+
+    edge = create_app(settings)
+    server = Server(
+        edge,
+        address=settings.host,
+        port=settings.port,
+        interface=Interfaces.ASGI,
+        websockets=False,
+        log_level=settings.log_level,  # type: ignore[arg-type]
+        backlog=1024,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    serving = asyncio.create_task(server.serve())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if serving.done():  # it never started (the port is taken, say)
+        stopping.cancel()
+        error = serving.exception()
+        log.error("the server stopped: %s", error or "no reason given")
+        return 1
+    log.info("shutting down: draining requests in flight (up to %.0f s)", settings.drain_timeout_s)
+    edge.state.draining = True
+    try:
+        await asyncio.wait_for(edge.state.idle.wait(), settings.drain_timeout_s)
+    except TimeoutError:
+        log.warning("%d requests still running after the drain timeout", edge.state.in_flight)
+    server.stop()  # type: ignore[no-untyped-call]  # stop accepting; lifespan unloads models
+    await serving
+    log.info("stopped")
+    return 0

@@ -1,0 +1,32 @@
+"""What the routes share: settings, the registry, admission, counters, lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from embedx.server.admission import Admission
+from embedx.server.metrics import HttpMetrics
+
+if TYPE_CHECKING:
+    from embedx.config import Settings
+    from embedx.devices import DeviceInfo
+    from embedx.registry import ModelRegistry
+
+
+@dataclass(slots=True)
+class ServerState:
+    settings: Settings
+    registry: ModelRegistry
+    devices: list[DeviceInfo]
+    admission: Admission
+    http: HttpMetrics = field(default_factory=HttpMetrics)
+    started_at: float = field(default_factory=time.time)
+    draining: bool = False
+    in_flight: int = 0  # HTTP requests between the edge and their response
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while in_flight is 0
+
+    def __post_init__(self) -> None:
+        self.idle.set()

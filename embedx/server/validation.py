@@ -1,0 +1,182 @@
+"""Checking request bodies at the edge, one function per API family: everything past here
+receives typed, validated values."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from embedx.errors import (
+    EmptyInput,
+    InvalidInput,
+    InvalidJSON,
+    InvalidOption,
+    TokenInputNotSupported,
+    TooManyItems,
+)
+from embedx.models.catalog import INPUT_TYPES
+from embedx.registry import LoadRequest
+
+OPENAI_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "input_type",
+                 "pooling", "dtype", "max_seq_len", "keep_alive"}  # fmt: skip
+TEI_FIELDS = {"model", "inputs", "normalize", "truncate", "dimensions", "input_type",
+              "truncation_direction", "pooling", "dtype", "max_seq_len", "keep_alive"}  # fmt: skip
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    model: str
+    texts: list[str]
+    load: LoadRequest
+    dimensions: int | None = None
+    input_type: str | None = None
+    base64: bool = False  # OpenAI: encoding_format
+    normalize: bool | None = None  # TEI
+    truncate: bool = True  # TEI: false makes an over-long text an error
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise InvalidJSON("the request body is empty: send a JSON object")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidJSON("the request body must be a JSON object")
+    return data
+
+
+def _unknown(data: dict[str, Any], known: set[str]) -> None:
+    extra = sorted(set(data) - known)
+    if extra:
+        raise InvalidOption(f"unrecognized request argument(s): {', '.join(extra)}", param=extra[0])
+
+
+def _model(data: dict[str, Any]) -> str:
+    model = data.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise InvalidOption(
+            "`model` is required: the name of the model to embed with", param="model"
+        )
+    return model
+
+
+def _texts(value: Any, param: str, max_items: int) -> list[str]:
+    if value is None:
+        raise EmptyInput(f"`{param}` is required: a string or a list of strings", param=param)
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list):
+        raise InvalidInput(f"`{param}` must be a string or a list of strings", param=param)
+    if not texts:
+        raise EmptyInput(f"`{param}` is empty: send at least one text", param=param)
+    if len(texts) > max_items:
+        raise TooManyItems(
+            f"`{param}` has {len(texts)} items; at most {max_items} are allowed per request "
+            "(EMBEDX_MAX_REQUEST_ITEMS): split it",
+            param=param,
+        )
+    for i, text in enumerate(texts):
+        if isinstance(text, str):
+            if not text:
+                raise InvalidInput(f"`{param}[{i}]` is an empty string", param=param)
+            continue
+        if isinstance(text, int) or (
+            isinstance(text, list) and all(isinstance(t, int) for t in text)
+        ):
+            raise TokenInputNotSupported(
+                f"`{param}` holds token ids; embedx embeds text: send the strings themselves, "
+                "it tokenizes them with the model's own tokenizer",
+                param=param,
+            )
+        raise InvalidInput(f"`{param}[{i}]` is {type(text).__name__}, not a string", param=param)
+    return texts
+
+
+def _positive_int(data: dict[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidOption(f"`{key}` must be a positive integer", param=key)
+    return value
+
+
+def _bool(data: dict[str, Any], key: str) -> bool | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidOption(f"`{key}` must be true or false", param=key)
+    return value
+
+
+def _choice(data: dict[str, Any], key: str, choices: tuple[str, ...]) -> str | None:
+    value = data.get(key)
+    if value is not None and value not in choices:
+        raise InvalidOption(f"`{key}` must be one of {', '.join(choices)}", param=key)
+    return value
+
+
+def _keep_alive(value: Any) -> float | None:
+    """Seconds, as a number or a string like "90s", "10m", "1h"."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    match = DURATION.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise InvalidOption("`keep_alive` must be seconds, or a duration like 90s, 10m, 1h",
+                            param="keep_alive")  # fmt: skip
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def _load(data: dict[str, Any]) -> LoadRequest:
+    pooling = data.get("pooling")
+    dtype = data.get("dtype")
+    for key, value in (("pooling", pooling), ("dtype", dtype)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidOption(f"`{key}` must be a string", param=key)
+    return LoadRequest(
+        pooling=pooling,
+        dtype=dtype,
+        max_seq_len=_positive_int(data, "max_seq_len"),
+        keep_alive_s=_keep_alive(data.get("keep_alive")),
+    )
+
+
+def parse_openai(body: bytes, max_items: int) -> EmbedRequest:
+    """POST /v1/embeddings, as the OpenAI API defines it, plus embedx's load fields."""
+    data = _object(body)
+    _unknown(data, OPENAI_FIELDS)
+    encoding = _choice(data, "encoding_format", ("float", "base64")) or "float"
+    user = data.get("user")
+    if user is not None and not isinstance(user, str):
+        raise InvalidOption("`user` must be a string", param="user")
+    return EmbedRequest(
+        model=_model(data),
+        texts=_texts(data.get("input"), "input", max_items),
+        load=_load(data),
+        dimensions=_positive_int(data, "dimensions"),
+        input_type=_choice(data, "input_type", INPUT_TYPES),
+        base64=encoding == "base64",
+    )
+
+
+def parse_tei(body: bytes, max_items: int) -> EmbedRequest:
+    """POST /embed, as text-embeddings-inference defines it, with `model` required."""
+    data = _object(body)
+    _unknown(data, TEI_FIELDS)
+    if data.get("truncation_direction", "right") not in ("right", "Right"):
+        raise InvalidOption("only right truncation is supported", param="truncation_direction")
+    return EmbedRequest(
+        model=_model(data),
+        texts=_texts(data.get("inputs"), "inputs", max_items),
+        load=_load(data),
+        dimensions=_positive_int(data, "dimensions"),
+        input_type=_choice(data, "input_type", INPUT_TYPES),
+        normalize=_bool(data, "normalize"),
+        truncate=bool(_bool(data, "truncate")),
+    )
