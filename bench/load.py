@@ -45,7 +45,8 @@ async def library_rate(
     from embedx.registry import LoadRequest, ModelRegistry
 
     settings = load_settings({"max_batch_tokens": tokens})
-    registry = ModelRegistry(settings, load_catalog(None), discover(settings), open_accelerator)
+    catalog = load_catalog(settings.models_file)
+    registry = ModelRegistry(settings, catalog, discover(settings), open_accelerator)
     spec = registry.spec_for(model, LoadRequest(pooling=pooling))
     accelerators = [open_accelerator(d) for d in registry.devices]
     engine = await Engine.load(spec, resolve(spec.source), accelerators, registry.engine_options())

@@ -44,8 +44,11 @@ two)
   kill %1 %2 2>/dev/null
   ;;
 load)
-  # the server needs its HTTP stack, carried as wheels (DEPLOY.md: device runs)
+  # the server needs its HTTP stack, carried as wheels, and MiniLM from the carried copy
   python3 -m pip install -q --no-index --no-deps --target /tmp/site ../.whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  printf '[models."sentence-transformers/all-MiniLM-L6-v2"]\nsource = "%s"\npooling = "mean"\nmax_seq_len = 256\n' \
+    "$(cd .. && pwd)/.carry/minilm-fp16" > /tmp/models.toml
+  export EMBEDX_MODELS_FILE=/tmp/models.toml
   timeout 200 $cores python3 load.py --clients 32 --out "$out/load-minilm.json" >"$out/load-minilm.log" 2>&1
   python3 summarize.py "$out/load-minilm.json"
   ;;

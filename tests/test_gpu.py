@@ -99,6 +99,8 @@ async def test_cuda_oom_halves_the_budget_and_the_request_succeeds(
 async def test_a_hung_gpu_is_quarantined_and_the_cpu_finishes(
     minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
 ) -> None:
+    torch.cuda._sleep(1)  # load the spin kernel now: a first launch synchronizes the device
+
     def hang_first(batch: Any, call: int) -> BaseException | None:
         if call == 1:
             torch.cuda._sleep(4_000_000_000)  # about two seconds of a busy GPU stream
