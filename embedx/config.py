@@ -127,6 +127,11 @@ def _positive_float(raw: str) -> float:
     return value
 
 
+def _names(raw: object) -> tuple[str, ...]:
+    items = raw if isinstance(raw, list | tuple) else str(raw).split(",")
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
 def _wrapping(raw: object) -> str:
     template = str(raw)
     if template.count("{text}") != 1:
@@ -179,6 +184,12 @@ class Settings:
         {},
         _device_map(_int(1)),
         "Per-device token budget that overrides the memory-derived one, e.g. `cpu=2048`.",
+        "unset",
+    )
+    preload: tuple[str, ...] = _setting(
+        (),
+        _names,
+        "Catalog models to load at start-up, comma separated; the rest load on first use.",
         "unset",
     )
     models_file: Path | None = _setting(

@@ -253,6 +253,14 @@ class ModelRegistry:
         assert engine is not None
         return asyncio.create_task(engine.close(), name=f"unload-{resident.spec.name}")
 
+    async def preload(self, names: Sequence[str]) -> None:
+        """Load catalog models now (EMBEDX_PRELOAD); they then idle out like any other."""
+        for name in names:
+            if name not in self.catalog:
+                raise ModelNotFound(f"EMBEDX_PRELOAD names {name!r}, which is not in the catalog")
+            async with self.lease(name):
+                pass
+
     # -- shutting down -------------------------------------------------------------------
 
     async def drain(self, timeout_s: float) -> None:

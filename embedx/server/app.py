@@ -52,9 +52,13 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> Edg
     app.exceptions_handlers[EmbedxError] = _embedx_error
     app.exceptions_handlers[Exception] = _unexpected_error
 
+    async def preload(application: Application) -> None:
+        await registry.preload(settings.preload)
+
     async def drain(application: Application) -> None:
         await registry.drain(settings.drain_timeout_s)
 
+    app.on_start += preload
     app.on_stop += drain
     return Edge(app, state, frozenset(path for _, path, _ in ROUTES))
 

@@ -1,0 +1,411 @@
+"""The real server in its own process, on a free port, called as users call it."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.conftest import MINILM_NAME
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_server(tmp: Path, **settings: object) -> Iterator[Server]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
+    env.update(HF_HUB_OFFLINE="1", EMBEDX_PORT=str(port))
+    env.update({f"EMBEDX_{k.upper()}": str(v) for k, v in settings.items()})
+    log = tmp / f"server-{port}.log"
+    with open(log, "wb") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env,
+                                   stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+    server = Server(f"http://127.0.0.1:{port}", process, log)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("the server did not start:\n" + server.output())
+        time.sleep(0.2)
+    try:
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running_server(
+        tmp_path_factory.mktemp("server"),
+        preload=MINILM_NAME,
+        max_request_items=600,
+        max_request_bytes=400_000,
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Iterator[Any]:
+    """The library, in this process, with the server's settings: the same request gives the
+    same batches, so the same bits."""
+    from embedx import Embedder
+
+    with Embedder(MINILM_NAME) as library:
+        yield library
+
+
+def client(server: Server, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+
+
+def post(server: Server, path: str, timeout: float = 120, **kwargs: Any) -> httpx.Response:
+    return httpx.post(server.url + path, timeout=timeout, **kwargs)
+
+
+def assert_envelope(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code
+    assert "Traceback" not in error["message"]
+    return dict(error)
+
+
+# -- the OpenAI SDK, unchanged ------------------------------------------------------------
+
+
+def test_openai_sdk_default_base64_equals_the_library_bit_for_bit(
+    server: Server, reference_texts: list[str], embedder: Any
+) -> None:
+    response = client(server).embeddings.create(model=MINILM_NAME, input=reference_texts)
+    vectors = np.array([d.embedding for d in response.data], dtype=np.float32)
+    assert [d.index for d in response.data] == list(range(len(reference_texts)))
+    assert np.array_equal(vectors, embedder.embed(reference_texts))
+    assert response.usage.prompt_tokens == response.usage.total_tokens > len(reference_texts)
+    assert response.model == MINILM_NAME
+
+
+def test_openai_sdk_float_equals_the_library_bit_for_bit(
+    server: Server, reference_texts: list[str], embedder: Any
+) -> None:
+    texts = reference_texts[:50]
+    response = client(server).embeddings.create(
+        model=MINILM_NAME, input=texts, encoding_format="float"
+    )
+    vectors = np.array([d.embedding for d in response.data], dtype=np.float32)
+    assert np.array_equal(vectors, embedder.embed(texts))
+
+
+def test_a_single_string_and_dimensions(
+    server: Server, embedder: Any, reference_texts: list[str]
+) -> None:
+    response = client(server).embeddings.create(
+        model=MINILM_NAME, input=reference_texts[0], dimensions=64
+    )
+    vector = np.array(response.data[0].embedding, dtype=np.float32)
+    assert vector.shape == (64,)
+    assert np.array_equal(vector, embedder.embed(reference_texts[0], dimensions=64)[0])
+
+
+def test_base64_is_little_endian_float32(server: Server) -> None:
+    body = {"model": MINILM_NAME, "input": "bytes", "encoding_format": "base64"}
+    data = post(server, "/v1/embeddings", json=body).json()["data"][0]["embedding"]
+    assert np.frombuffer(base64.b64decode(data), dtype="<f4").shape == (384,)
+
+
+def test_curl_gets_real_vectors(server: Server, embedder: Any, reference_texts: list[str]) -> None:
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    body = json.dumps({"model": MINILM_NAME, "input": reference_texts[:2]})
+    done = subprocess.run(
+        ["curl", "-sS", server.url + "/v1/embeddings", "-H", "Content-Type: application/json",
+         "-d", body],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    vectors = np.array([d["embedding"] for d in json.loads(done.stdout)["data"]], dtype=np.float32)
+    assert np.array_equal(vectors, embedder.embed(reference_texts[:2]))
+
+
+# -- TEI ----------------------------------------------------------------------------------
+
+
+def test_tei_embed_returns_bare_vectors(
+    server: Server, embedder: Any, reference_texts: list[str]
+) -> None:
+    response = post(server, "/embed", json={"model": MINILM_NAME, "inputs": reference_texts[:3]})
+    assert response.status_code == 200
+    expected = embedder.embed(reference_texts[:3])
+    assert np.array_equal(np.array(response.json(), dtype=np.float32), expected)
+    single = post(server, "/embed", json={"model": MINILM_NAME, "inputs": "one text"}).json()
+    assert len(single) == 1
+    assert len(single[0]) == 384
+
+
+def test_tei_truncate_false_refuses_an_over_long_text(server: Server) -> None:
+    body = {"model": MINILM_NAME, "inputs": "word " * 400, "truncate": False}
+    assert_envelope(post(server, "/embed", json=body), 400, "context_length_exceeded")
+    body["truncate"] = True
+    assert post(server, "/embed", json=body).status_code == 200
+
+
+def test_models_lists_catalog_and_resident_models(server: Server) -> None:
+    models = client(server).models.list()
+    minilm = next(m for m in models.data if m.id == MINILM_NAME)
+    assert minilm.model_extra is not None
+    assert minilm.model_extra["resident"] is True
+    assert minilm.model_extra["pooling"] == "mean"
+
+
+# -- errors: the OpenAI envelope, the right status ------------------------------------------
+
+
+def test_malformed_json_is_a_400(server: Server) -> None:
+    response = post(
+        server, "/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert_envelope(response, 400, "invalid_json")
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"model": MINILM_NAME}, "empty_input"),
+        ({"model": MINILM_NAME, "input": []}, "empty_input"),
+        ({"model": MINILM_NAME, "input": [""]}, "invalid_input"),
+        ({"model": MINILM_NAME, "input": [[101, 2023, 102]]}, "unsupported_input"),
+        ({"model": MINILM_NAME, "input": [1, 2, 3]}, "unsupported_input"),
+        ({"model": MINILM_NAME, "input": [{"text": "x"}]}, "invalid_input"),
+        ({"model": MINILM_NAME, "input": ["x"] * 601}, "too_many_items"),
+        ({"model": MINILM_NAME, "input": "x", "dimensions": 385}, "invalid_dimensions"),
+        ({"model": MINILM_NAME, "input": "x", "dimensions": "64"}, "invalid_option"),
+        ({"model": MINILM_NAME, "input": "x", "encoding_format": "hex"}, "invalid_option"),
+        ({"model": MINILM_NAME, "input": "x", "dimension": 64}, "invalid_option"),
+        ({"input": "x"}, "invalid_option"),
+        ({"model": MINILM_NAME, "input": "x", "pooling": "max"}, "invalid_option"),
+    ],
+)
+def test_bad_input_is_a_400_with_a_clear_message(
+    server: Server, body: dict[str, Any], code: str
+) -> None:
+    assert_envelope(post(server, "/v1/embeddings", json=body), 400, code)
+
+
+def test_a_pooling_conflict_is_a_409(server: Server) -> None:
+    body = {"model": MINILM_NAME, "input": "x", "pooling": "cls"}
+    assert_envelope(post(server, "/v1/embeddings", json=body), 409, "pooling_conflict")
+
+
+def test_a_first_load_without_pooling_is_a_400(server: Server, minilm_dir: Path) -> None:
+    body = {"model": str(minilm_dir), "input": "x"}
+    error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, "pooling_required")
+    assert error["param"] == "pooling"
+
+
+def test_pickle_only_weights_are_a_400(server: Server, tmp_path: Path, minilm_dir: Path) -> None:
+    shutil.copytree(minilm_dir, tmp_path / "m", ignore=shutil.ignore_patterns("*.safetensors"))
+    (tmp_path / "m" / "pytorch_model.bin").write_bytes(b"never unpickled")
+    body = {"model": str(tmp_path / "m"), "input": "x", "pooling": "mean"}
+    assert_envelope(post(server, "/v1/embeddings", json=body), 400, "unsafe_weights")
+
+
+def test_unverifiable_weights_are_a_503_with_retry_after(server: Server) -> None:
+    body = {"model": "embedx-tests/not-cached", "input": "x", "pooling": "mean"}
+    response = post(server, "/v1/embeddings", json=body)
+    assert_envelope(response, 503, "weights_unverifiable")
+    assert int(response.headers["retry-after"]) > 0
+
+
+def test_unknown_route_is_a_404_and_wrong_method_a_405(server: Server) -> None:
+    assert_envelope(httpx.get(server.url + "/v2/embeddings"), 404, "not_found")
+    response = httpx.get(server.url + "/v1/embeddings")
+    assert_envelope(response, 405, "method_not_allowed")
+    assert response.headers["allow"] == "POST"
+
+
+def test_a_body_over_the_limit_is_a_413_by_length_and_by_stream(server: Server) -> None:
+    big = json.dumps({"model": MINILM_NAME, "input": ["y" * 1000] * 500}).encode()
+    assert_envelope(post(server, "/v1/embeddings", content=big), 413, "payload_too_large")
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: chunked transfer
+        for start in range(0, len(big), 8192):
+            yield big[start : start + 8192]
+
+    assert_envelope(post(server, "/v1/embeddings", content=chunks()), 413, "payload_too_large")
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+# -- operations ---------------------------------------------------------------------------
+
+
+def test_info_shows_settings_devices_counters_and_models(server: Server) -> None:
+    info = httpx.get(server.url + "/info").json()
+    assert info["settings"]["api_key"] == "unset"
+    assert info["devices"][0]["device"] == "cpu"
+    assert {"limit", "running", "waiting"} <= set(info["requests"])
+    model = next(m for m in info["models"] if m["model"] == MINILM_NAME)
+    for key in ("pooling", "dimensions", "max_seq_len", "devices", "idle_s", "truncated_inputs"):
+        assert key in model
+    assert model["devices"][0]["dtype"] == "float32"
+
+
+def test_metrics_are_prometheus_text(server: Server) -> None:
+    post(server, "/v1/embeddings", json={"model": MINILM_NAME, "input": "count me"})
+    text = httpx.get(server.url + "/metrics").text
+    for family in ("embedx_requests_total", "embedx_queue_items", "embedx_batch_tokens_bucket",
+                   "embedx_device_busy_seconds_total", "embedx_model_load_seconds_count",
+                   "embedx_padding_tokens_total"):  # fmt: skip
+        assert family in text
+    assert 'embedx_requests_total{route="/v1/embeddings",method="POST",status="200"}' in text
+
+
+def test_docs_and_openapi_describe_every_route(server: Server) -> None:
+    from embedx.server.app import ROUTES
+
+    spec = httpx.get(server.url + "/openapi.json").json()
+    page = httpx.get(server.url + "/docs").text
+    for method, path, _ in ROUTES:
+        assert method.lower() in spec["paths"][path]
+        assert f"{method} {path}" in page
+    request = spec["paths"]["/v1/embeddings"]["post"]["requestBody"]
+    assert "input" in request["content"]["application/json"]["schema"]["properties"]
+
+
+def test_a_client_that_hangs_up_has_its_texts_dropped(
+    server: Server, reference_texts: list[str]
+) -> None:
+    body = {"model": MINILM_NAME, "input": reference_texts * 1}
+    with pytest.raises(httpx.TimeoutException):
+        post(server, "/v1/embeddings", json=body, timeout=0.3)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        models = httpx.get(server.url + "/info").json()["models"]
+        if next(m for m in models if m["model"] == MINILM_NAME)["queue"]["items"] == 0:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the queue still holds the texts of a client that left")
+    assert 'status="499"' in httpx.get(server.url + "/metrics").text
+
+
+# -- servers with other settings ------------------------------------------------------------
+
+
+def test_an_api_key_guards_every_route_but_health(tmp_path: Path) -> None:
+    with running_server(tmp_path, api_key="s3cret") as keyed:
+        missing = httpx.get(keyed.url + "/info")
+        assert_envelope(missing, 401, "invalid_api_key")
+        assert missing.headers["www-authenticate"].startswith("Bearer")
+        wrong = httpx.get(keyed.url + "/info", headers={"Authorization": "Bearer nope"})
+        assert_envelope(wrong, 401, "invalid_api_key")
+        assert httpx.get(keyed.url + "/health").status_code == 200
+        with pytest.raises(openai.AuthenticationError):
+            client(keyed, "nope").embeddings.create(model=MINILM_NAME, input="x")
+        ok = client(keyed, "s3cret").embeddings.create(model=MINILM_NAME, input="x")
+        assert len(ok.data[0].embedding) == 384
+        assert (
+            "s3cret"
+            not in httpx.get(keyed.url + "/info", headers={"Authorization": "Bearer s3cret"}).text
+        )
+
+
+def test_requests_past_the_concurrency_limit_wait_then_get_a_503(
+    tmp_path: Path, reference_texts: list[str]
+) -> None:
+    with running_server(
+        tmp_path, preload=MINILM_NAME, max_concurrent_requests=1, request_queue_timeout_s=0.3
+    ) as busy:
+        slow = threading.Thread(
+            target=post,
+            args=(busy, "/v1/embeddings"),
+            kwargs={"json": {"model": MINILM_NAME, "input": reference_texts}},
+        )
+        slow.start()
+        time.sleep(0.5)
+        refused = post(busy, "/v1/embeddings", json={"model": MINILM_NAME, "input": "x"})
+        slow.join()
+        assert_envelope(refused, 503, "queue_timeout")
+        assert refused.headers["retry-after"]
+        assert httpx.get(busy.url + "/health").status_code == 200
+
+
+def test_the_residency_cap_with_every_model_busy_is_a_503(
+    tmp_path: Path, reference_texts: list[str], minilm_dir: Path
+) -> None:
+    with running_server(tmp_path, preload=MINILM_NAME, max_loaded_models=1) as capped:
+        slow = threading.Thread(
+            target=post,
+            args=(capped, "/v1/embeddings"),
+            kwargs={"json": {"model": MINILM_NAME, "input": reference_texts}},
+        )
+        slow.start()
+        time.sleep(0.5)
+        other = {"model": str(minilm_dir), "input": "x", "pooling": "mean"}
+        refused = post(capped, "/v1/embeddings", json=other)
+        slow.join()
+        assert_envelope(refused, 503, "models_busy")
+        assert post(capped, "/v1/embeddings", json=other).status_code == 200  # now it fits
+
+
+def test_sigterm_drains_the_request_in_flight_and_exits_0(
+    tmp_path: Path, reference_texts: list[str]
+) -> None:
+    with running_server(tmp_path, preload=MINILM_NAME) as stopping:
+        results: list[httpx.Response] = []
+        body = {"model": MINILM_NAME, "input": reference_texts[:200]}
+        worker = threading.Thread(
+            target=lambda: results.append(post(stopping, "/v1/embeddings", json=body))
+        )
+        worker.start()
+        time.sleep(0.5)
+        stopping.process.send_signal(signal.SIGTERM)
+        worker.join()
+        assert stopping.process.wait(60) == 0
+        assert results[0].status_code == 200
+        assert len(results[0].json()["data"]) == 200
+        assert "draining" in stopping.output()
+
+
+def test_binding_beyond_loopback_without_a_key_warns(tmp_path: Path) -> None:
+    with running_server(tmp_path, host="0.0.0.0") as exposed:
+        pass
+    assert "no API key" in exposed.output()
