@@ -1,0 +1,49 @@
+"""The README's snippets run as written, against a real server where they need one."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MINILM_NAME
+from tests.test_server import running_server
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
+
+
+def test_the_library_example_runs_as_written() -> None:
+    example = next(b for b in blocks("python") if "from embedx import Embedder" in b)
+    done = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(2, 384) float32"
+
+
+def test_the_curl_and_sdk_snippets_return_real_vectors(tmp_path: Path) -> None:
+    curl = next(b for b in blocks("sh") if b.startswith("curl"))
+    sdk = next(b for b in blocks("python") if "from openai import OpenAI" in b)
+    with running_server(tmp_path, preload=MINILM_NAME) as server:
+        port = server.url.rsplit(":", 1)[1]
+        done = subprocess.run(
+            ["sh", "-c", curl.replace("8477", port)], capture_output=True, text=True, timeout=120
+        )
+        if "not found" in done.stderr:
+            pytest.skip("curl is not installed")
+        assert '"object":"embedding"' in done.stdout
+        sdk_run = subprocess.run(
+            [sys.executable, "-c", sdk.replace("8477", port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert sdk_run.returncode == 0, sdk_run.stderr
+    assert sdk_run.stdout.strip() == "2 384"
