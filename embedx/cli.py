@@ -103,9 +103,14 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
     from embedx.models.catalog import load_catalog
 
     try:
-        load_catalog(settings.models_file)
+        catalog = load_catalog(settings.models_file)
     except EmbedxError as exc:
         print(f"embedx check: catalog: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
+    missing = [name for name in settings.preload if name not in catalog]
+    if missing:
+        print(f"embedx check: EMBEDX_PRELOAD names models not in the catalog: {missing}",
+              file=sys.stderr)  # fmt: skip
         return EXIT_CONFIG
     try:
         devices = discover(settings)

