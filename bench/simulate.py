@@ -5,10 +5,11 @@
 Fake devices (a rate in tokens/s, a fixed cost per batch, a token budget) claim from the
 real ConvergingQueue on a simulated clock. For 2 to 8 devices, speed ratios from 1:1 to 1:20
 (fastest to slowest, spaced evenly) and the token lengths of each real corpus, one job of
-about 400k tokens per device (so every device has several batches of work) runs under: the converging queue; the fastest device alone; a static even
-split; a static split by device score (each device's nominal speed, off by up to 25%, as a
-spec sheet is); and the best static split found by search in hindsight (the oracle). Then
-requests arrive at random at 80% of capacity and the queue wait is reported.
+about 400k tokens per device (so every device has several batches of work) runs under: the
+converging queue; the fastest device alone; a static even split; a static split by device
+score (each device's nominal speed, off by up to 25%, as a spec sheet is); and the best
+static split found by search in hindsight (the oracle). Then requests arrive at random at
+80% of capacity and the queue wait is reported.
 Writes simulate.json and simulate.png into --out.
 """
 
@@ -92,8 +93,9 @@ def one_config(fake: list[FakeDevice], lengths: list[int]) -> dict[str, Any]:
         "converging_vs_oracle": converging.makespan / oracle.makespan,
         "converging_vs_alone": converging.makespan / alone.makespan,
         "max_end_idle_share": idle,
-        "token_share": {n: round(t / sum(converging.tokens.values()), 4)
-                        for n, t in converging.tokens.items()},  # fmt: skip
+        "token_share": {
+            n: round(t / sum(converging.tokens.values()), 4) for n, t in converging.tokens.items()
+        },
         "oracle_shares": [round(s / sum(shares), 4) for s in shares],
     }
 
@@ -119,8 +121,11 @@ def continuous(fake: list[FakeDevice], lengths: list[int], seed: int = 5) -> dic
         "load": 0.8,
         "requests": len(arrivals),
         "queue_wait_s": {"p50": pct(waits, 0.5), "p99": pct(waits, 0.99), "max": waits[-1]},
-        "request_latency_s": {"p50": pct(latency, 0.5), "p99": pct(latency, 0.99),
-                              "max": latency[-1]},  # fmt: skip
+        "request_latency_s": {
+            "p50": pct(latency, 0.5),
+            "p99": pct(latency, 0.99),
+            "max": latency[-1],
+        },
     }
 
 
@@ -137,7 +142,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             points = []
             for ratio in RATIOS:
                 rows = [r for r in results if r["devices"] == count and r["ratio"] == ratio]
-                relative = [r["makespan_s"][policy] / r["makespan_s"]["oracle_static"] for r in rows]
+                best = [r["makespan_s"]["oracle_static"] for r in rows]
+                relative = [r["makespan_s"][policy] / b for r, b in zip(rows, best, strict=True)]
                 points.append(statistics.mean(relative))
             axis.plot(RATIOS, points, marker="o", label=policy.replace("_", " "))
         axis.axhline(1.0, color="grey", linewidth=0.8)

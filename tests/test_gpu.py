@@ -109,6 +109,9 @@ async def test_a_hung_gpu_is_quarantined_and_the_cpu_finishes(
     async with cuda_engine(
         minilm_dir, "0,cpu", max_batch_tokens=2048, batch_timeout_s=0.5
     ) as engine:
+        # The same texts once unharmed: their shapes' kernels are loaded (a first, lazy load
+        # synchronizes the device, which would hold up the launch behind the hung batch).
+        await engine.embed(reference_texts[:120])
         wrap(engine, "cuda:0", fail=hang_first)
         result = await engine.embed(reference_texts[:120])
         gpu = next(w.slot for w in engine.workers if w.slot.name == "cuda:0")

@@ -24,7 +24,7 @@ class HttpMetrics:
         self.requests[(route, method, status)] += 1
         histogram = self.latency.get(route)
         if histogram is None:
-            histogram = self.latency[route] = Histogram(LATENCY_BUCKETS_S, recent=0)
+            histogram = self.latency[route] = Histogram(LATENCY_BUCKETS_S)
         histogram.observe(seconds)
 
 
