@@ -60,32 +60,68 @@ async def library_rate(
     return {"tokens": result.tokens, "seconds": seconds, "tokens_per_s": result.tokens / seconds}
 
 
-async def drive(base_url: str, model: str, pooling: str | None, batches: list[list[str]],
-                clients: int) -> dict[str, Any]:  # fmt: skip
+async def client_process(
+    base_url: str, model: str, pooling: str | None, batches: list[list[str]], clients: int
+) -> tuple[list[float], int]:
+    """One client process: `clients` requests in flight, each with the OpenAI SDK."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="load-test", max_retries=0, timeout=600)
     extra = {"pooling": pooling} if pooling else None
-    await client.embeddings.create(model=model, input=batches[0][:4], extra_body=extra)  # loads
     latencies: list[float] = []
     tokens = 0
-    next_batch = 0
+    pending = list(reversed(batches))
 
     async def worker() -> None:
-        nonlocal tokens, next_batch
-        while next_batch < len(batches):
-            batch = batches[next_batch]
-            next_batch += 1
+        nonlocal tokens
+        while pending:
+            batch = pending.pop()
             sent = time.perf_counter()
             response = await client.embeddings.create(model=model, input=batch, extra_body=extra)
             latencies.append(time.perf_counter() - sent)
             assert len(response.data) == len(batch)
             tokens += response.usage.total_tokens
 
-    started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(clients)))
-    seconds = time.perf_counter() - started
     await client.close()
+    return latencies, tokens
+
+
+def run_client_process(
+    job: tuple[str, str, str | None, list[list[str]], int],
+) -> tuple[list[float], int]:
+    import uvloop
+
+    return uvloop.run(client_process(*job))
+
+
+def drive(base_url: str, model: str, pooling: str | None, batches: list[list[str]],
+          clients: int, processes: int) -> dict[str, Any]:  # fmt: skip
+    """`clients` concurrent requests spread over `processes` client processes: decoding the
+    responses (the SDK turns each row into Python floats) takes one process's full time long
+    before a fast server is busy."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import openai
+
+    extra = {"pooling": pooling} if pooling else None
+    warm = openai.OpenAI(base_url=base_url, api_key="load-test", max_retries=0, timeout=600)
+    warm.embeddings.create(model=model, input=batches[0][:4], extra_body=extra)  # loads
+    shares = [batches[i::processes] for i in range(processes)]
+    per_process = [clients // processes + (i < clients % processes) for i in range(processes)]
+    jobs = [
+        (base_url, model, pooling, share, n) for share, n in zip(shares, per_process, strict=True)
+    ]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        warm_up = [(base_url, model, pooling, [batches[0][:1]], 1)] * processes
+        list(pool.map(run_client_process, warm_up))  # every process up and imported
+        started = time.perf_counter()
+        outcomes = list(pool.map(run_client_process, jobs))
+        seconds = time.perf_counter() - started
+    latencies = [x for got, _ in outcomes for x in got]
+    tokens = sum(t for _, t in outcomes)
     ordered = sorted(latencies)
     return {
         "requests": len(latencies),
@@ -124,11 +160,13 @@ def start_server(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=MINILM, help="a catalog name or a random shape")
-    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--clients", type=int, default=32, help="requests in flight")
+    parser.add_argument("--client-processes", type=int, default=4)
     parser.add_argument("--batch", type=int, default=256, help="texts per request")
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
     parser.add_argument("--max-batch-tokens", type=int, default=65536)
+    parser.add_argument("--tiny", action="store_true", help="tiny random shapes (host overhead)")
     parser.add_argument("--out")
     args = parser.parse_args()
     corpus = load_corpus(args.corpus, repeat=4)
@@ -140,17 +178,15 @@ def main() -> None:
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            directory, pooling, _ = model_directory(args.model, Path(workdir), False, device)
+            directory, pooling, _ = model_directory(args.model, Path(workdir), args.tiny, device)
             model = str(directory)
         library = asyncio.run(library_rate(model, pooling, texts, args.max_batch_tokens))
         port = free_port()
         server = start_server(port, args)
         try:
-            import uvloop
-
-            served = uvloop.run(
-                drive(f"http://127.0.0.1:{port}/v1", model, pooling, batches, args.clients)
-            )
+            processes = min(args.client_processes, args.clients)
+            url = f"http://127.0.0.1:{port}/v1"
+            served = drive(url, model, pooling, batches, args.clients, processes)
         finally:
             server.terminate()
             server.wait(60)
@@ -158,6 +194,7 @@ def main() -> None:
         "benchmark": "load",
         "model": args.model,
         "clients": args.clients,
+        "client_processes": min(args.client_processes, args.clients),
         "texts_per_request": args.batch,
         "encoding_format": "base64",
         "library": library,
