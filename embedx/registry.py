@@ -82,6 +82,7 @@ class ModelRegistry:
         self._models: dict[str, Resident] = {}
         self._load_slots = asyncio.Semaphore(settings.max_concurrent_loads)
         self._closing = False
+        self._unloading: set[asyncio.Task[None]] = set()  # evicted engines still closing
         self.load_seconds = Histogram(LOAD_BUCKETS_S)
         self.loads = 0
         self.evictions = 0
@@ -251,7 +252,10 @@ class ModelRegistry:
         engine = resident.engine
         resident.engine = None
         assert engine is not None
-        return asyncio.create_task(engine.close(), name=f"unload-{resident.spec.name}")
+        task = asyncio.create_task(engine.close(), name=f"unload-{resident.spec.name}")
+        self._unloading.add(task)
+        task.add_done_callback(self._unloading.discard)
+        return task
 
     async def preload(self, names: Sequence[str]) -> None:
         """Load catalog models now (EMBEDX_PRELOAD); they then idle out like any other."""
@@ -277,7 +281,7 @@ class ModelRegistry:
             *(r.task for r in residents if r.task is not None), return_exceptions=True
         )
         engines = [r.engine for r in residents if r.engine is not None]
-        await asyncio.gather(*(e.drain(timeout_s) for e in engines))
+        await asyncio.gather(*(e.drain(timeout_s) for e in engines), *self._unloading)
 
     # -- reporting -----------------------------------------------------------------------
 

@@ -209,3 +209,21 @@ async def test_launching_a_batch_never_waits_on_the_device(
         finally:
             torch.cuda.set_sync_debug_mode("default")
         await replica.accelerator.result(launched, 10.0)
+
+
+async def test_evicting_a_model_gives_its_gpu_memory_back(minilm_dir: Path) -> None:
+    from embedx.models.catalog import load_catalog
+    from embedx.registry import LoadRequest, ModelRegistry
+
+    settings = load_settings({"devices": "0", "smoke_test_on_load": "false"})
+    registry = ModelRegistry(settings, load_catalog(None), discover(settings), open_accelerator)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(0)
+    async with registry.lease(
+        str(minilm_dir), LoadRequest(pooling="mean", keep_alive_s=0)
+    ) as engine:
+        await engine.embed(["resident for a moment"])
+        assert torch.cuda.memory_allocated(0) > before + 20 * 2**20  # weights and buffers
+    await registry.drain(5)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated(0) <= before + 2**20
