@@ -330,6 +330,19 @@ def test_a_client_that_hangs_up_has_its_texts_dropped(
 # -- servers with other settings ------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def kept_busy(server: Server, texts: list[str]) -> Iterator[None]:
+    """A long MiniLM request running (for half a second already) while the block runs."""
+    body = {"model": MINILM_NAME, "input": texts}
+    slow = threading.Thread(target=post, args=(server, "/v1/embeddings"), kwargs={"json": body})
+    slow.start()
+    time.sleep(0.5)
+    try:
+        yield
+    finally:
+        slow.join()
+
+
 def test_an_api_key_guards_every_route_but_health(tmp_path: Path) -> None:
     with running_server(tmp_path, api_key="s3cret") as keyed:
         missing = httpx.get(keyed.url + "/info")
@@ -354,15 +367,8 @@ def test_requests_past_the_concurrency_limit_wait_then_get_a_503(
     with running_server(
         tmp_path, preload=MINILM_NAME, max_concurrent_requests=1, request_queue_timeout_s=0.3
     ) as busy:
-        slow = threading.Thread(
-            target=post,
-            args=(busy, "/v1/embeddings"),
-            kwargs={"json": {"model": MINILM_NAME, "input": reference_texts}},
-        )
-        slow.start()
-        time.sleep(0.5)
-        refused = post(busy, "/v1/embeddings", json={"model": MINILM_NAME, "input": "x"})
-        slow.join()
+        with kept_busy(busy, reference_texts):
+            refused = post(busy, "/v1/embeddings", json={"model": MINILM_NAME, "input": "x"})
         assert_envelope(refused, 503, "queue_timeout")
         assert refused.headers["retry-after"]
         assert httpx.get(busy.url + "/health").status_code == 200
@@ -372,16 +378,9 @@ def test_the_residency_cap_with_every_model_busy_is_a_503(
     tmp_path: Path, reference_texts: list[str], minilm_dir: Path
 ) -> None:
     with running_server(tmp_path, preload=MINILM_NAME, max_loaded_models=1) as capped:
-        slow = threading.Thread(
-            target=post,
-            args=(capped, "/v1/embeddings"),
-            kwargs={"json": {"model": MINILM_NAME, "input": reference_texts}},
-        )
-        slow.start()
-        time.sleep(0.5)
         other = {"model": str(minilm_dir), "input": "x", "pooling": "mean"}
-        refused = post(capped, "/v1/embeddings", json=other)
-        slow.join()
+        with kept_busy(capped, reference_texts):
+            refused = post(capped, "/v1/embeddings", json=other)
         assert_envelope(refused, 503, "models_busy")
         assert post(capped, "/v1/embeddings", json=other).status_code == 200  # now it fits
 

@@ -155,14 +155,7 @@ def parse_openai(body: bytes, max_items: int) -> EmbedRequest:
     user = data.get("user")
     if user is not None and not isinstance(user, str):
         raise InvalidOption("`user` must be a string", param="user")
-    return EmbedRequest(
-        model=_model(data),
-        texts=_texts(data.get("input"), "input", max_items),
-        load=_load(data),
-        dimensions=_positive_int(data, "dimensions"),
-        input_type=_choice(data, "input_type", INPUT_TYPES),
-        base64=encoding == "base64",
-    )
+    return _request(data, "input", max_items, base64=encoding == "base64")
 
 
 def parse_tei(body: bytes, max_items: int) -> EmbedRequest:
@@ -171,12 +164,22 @@ def parse_tei(body: bytes, max_items: int) -> EmbedRequest:
     _unknown(data, TEI_FIELDS)
     if data.get("truncation_direction", "right") not in ("right", "Right"):
         raise InvalidOption("only right truncation is supported", param="truncation_direction")
+    return _request(
+        data,
+        "inputs",
+        max_items,
+        normalize=_bool(data, "normalize"),
+        truncate=bool(_bool(data, "truncate")),
+    )
+
+
+def _request(data: dict[str, Any], texts: str, max_items: int, **family: Any) -> EmbedRequest:
+    """The fields both API families share, then each family's own."""
     return EmbedRequest(
         model=_model(data),
-        texts=_texts(data.get("inputs"), "inputs", max_items),
+        texts=_texts(data.get(texts), texts, max_items),
         load=_load(data),
         dimensions=_positive_int(data, "dimensions"),
         input_type=_choice(data, "input_type", INPUT_TYPES),
-        normalize=_bool(data, "normalize"),
-        truncate=bool(_bool(data, "truncate")),
+        **family,
     )
