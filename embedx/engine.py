@@ -95,8 +95,8 @@ class EmbedResult:
     vectors: np.ndarray  # (N, D) float32, in the caller's order
     tokens: int
     truncated: int
-    queue_s: float  # from the last text's submission to the last batch's start
-    total_s: float
+    tokenize_s: float  # tokenizing and submitting (devices start on the first chunk meanwhile)
+    total_s: float  # from the call to the vectors
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,7 +471,7 @@ class Engine:
             )
         now = time.monotonic()
         self.latency.observe(now - started)
-        return EmbedResult(vectors, job.tokens, truncated, now - submitted, now - started)
+        return EmbedResult(vectors, job.tokens, truncated, submitted - started, now - started)
 
     async def _tokenize_into(self, job: Job, texts: Sequence[str], truncate: bool) -> int:
         """Tokenize chunk by chunk, submitting each as soon as it is ready: devices start on
@@ -530,10 +530,6 @@ class Engine:
             accelerator.close()
 
     # -- reporting -----------------------------------------------------------------------
-
-    @property
-    def in_flight(self) -> int:
-        return self._jobs_in_flight
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -174,6 +174,8 @@ def test_tei_embed_returns_bare_vectors(
 ) -> None:
     response = post(server, "/embed", json={"model": MINILM_NAME, "inputs": reference_texts[:3]})
     assert response.status_code == 200
+    assert float(response.headers["x-total-time"]) >= float(response.headers["x-inference-time"])
+    assert int(response.headers["x-total-tokens"]) > 3
     expected = embedder.embed(reference_texts[:3])
     assert np.array_equal(np.array(response.json(), dtype=np.float32), expected)
     single = post(server, "/embed", json={"model": MINILM_NAME, "inputs": "one text"}).json()

@@ -34,13 +34,24 @@ async def create_embeddings(state: ServerState, http: Request) -> Response:
         data = [{"object": "embedding", "index": i, "embedding": row}
                 for i, row in enumerate(result.vectors)]  # fmt: skip
     usage = {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
-    return json_response({"object": "list", "data": data, "model": request.model, "usage": usage})
+    payload = {"object": "list", "data": data, "model": request.model, "usage": usage}
+    return json_response(payload, headers=_timing(result))
 
 
 async def embed_tei(state: ServerState, http: Request) -> Response:
     request = parse_tei(await http.read() or b"", state.settings.max_request_items)
     result = await _run(state, request)
-    return json_response(result.vectors)
+    return json_response(result.vectors, headers=_timing(result))
+
+
+def _timing(result: EmbedResult) -> dict[str, str]:
+    """TEI's timing headers, in milliseconds: where a request's time went."""
+    return {
+        "x-tokenization-time": f"{result.tokenize_s * 1000:.1f}",
+        "x-inference-time": f"{(result.total_s - result.tokenize_s) * 1000:.1f}",
+        "x-total-time": f"{result.total_s * 1000:.1f}",
+        "x-total-tokens": str(result.tokens),
+    }
 
 
 async def list_models(state: ServerState, http: Request) -> Response:
