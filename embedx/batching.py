@@ -56,14 +56,12 @@ class Job:
         "pending_items",
         "pending_tokens",
         "remaining",
-        "size",
         "submitted_at",
         "tokens",
         "unit_rows",
     )
 
     def __init__(self, size: int, *, future: asyncio.Future[None] | None = None) -> None:
-        self.size = size
         self.remaining = size
         self.tokens = 0
         self.pending_items = 0

@@ -49,7 +49,6 @@ class Resident:
         "engine",
         "keep_alive_s",
         "last_used",
-        "loaded_at",
         "spec",
         "task",
         "timer",
@@ -61,7 +60,6 @@ class Resident:
         self.keep_alive_s = keep_alive_s
         self.users = 0
         self.last_used = time.monotonic()
-        self.loaded_at: float | None = None
         self.engine: Engine | None = None
         self.task: asyncio.Task[Engine] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -207,7 +205,6 @@ class ModelRegistry:
         self.load_seconds.observe(seconds)
         self.loads += 1
         resident.engine = engine
-        resident.loaded_at = time.monotonic()
         log.info("loaded %s in %.1f s", spec.name, seconds)
         return engine
 

@@ -161,7 +161,6 @@ class ConvergingQueue:
         self._claim_ids = itertools.count()
         self.pending_items = 0
         self.pending_tokens = 0
-        self.claims = 0
         self.padding_tokens = 0
         self.queue_wait = Histogram(LATENCY_BUCKETS_S)
         self.closed = False
@@ -304,7 +303,6 @@ class ConvergingQueue:
             started_at=None if device.inflight else now,
         )
         device.inflight.append(claim)
-        self.claims += 1
         self.padding_tokens += claim.area - claim.tokens
         return claim
 

@@ -295,7 +295,7 @@ def test_metrics_are_prometheus_text(server: Server) -> None:
     text = httpx.get(server.url + "/metrics").text
     for family in ("embedx_requests_total", "embedx_queue_items", "embedx_batch_tokens_bucket",
                    "embedx_device_busy_seconds_total", "embedx_model_load_seconds_count",
-                   "embedx_padding_tokens_total"):  # fmt: skip
+                   "embedx_padding_tokens_total", "embedx_embed_seconds_count"):  # fmt: skip
         assert family in text
     assert 'embedx_requests_total{route="/v1/embeddings",method="POST",status="200"}' in text
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from embedx.telemetry import LATENCY_BUCKETS_S, Histogram
 
 if TYPE_CHECKING:
+    from embedx.engine import DeviceWorker, Engine
     from embedx.registry import ModelRegistry
     from embedx.server.admission import Admission
 
@@ -45,6 +46,12 @@ class _Writer:
 
     def sample(self, name: str, value: float, **labels: object) -> None:
         self.lines.append(f"{name}{_labels(**labels)} {value:g}")
+
+    def value(self, name: str, kind: str, value: Any, **labels: object) -> None:
+        if kind == "histogram":
+            self.histogram(name, value, **labels)
+        else:
+            self.sample(name, value, **labels)
 
     def histogram(self, name: str, histogram: Histogram, **labels: object) -> None:
         cumulative = 0
@@ -85,50 +92,48 @@ def render(http: HttpMetrics, registry: ModelRegistry, admission: Admission) -> 
     w.sample("embedx_model_evictions_total", registry.evictions)
 
     engines = [(r.spec.name, r.engine) for r in registry.residents() if r.engine is not None]
-    _queue_families(w, engines)
+    _engine_families(w, engines)
     return "\n".join(w.lines) + "\n"
 
 
-def _queue_families(w: _Writer, engines: Iterable[tuple[str, object]]) -> None:
-    from embedx.engine import Engine
+# Per model: (metric, kind, help, value of an engine); a histogram's value is a Histogram.
+MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[Engine], Any]], ...] = (
+    ("embedx_queue_items", "gauge", "Texts waiting in a model's queue.",
+     lambda e: e.queue.pending_items),
+    ("embedx_queue_tokens", "gauge", "Tokens waiting in a model's queue.",
+     lambda e: e.queue.pending_tokens),
+    ("embedx_queue_wait_seconds", "histogram", "From submission to a batch's start.",
+     lambda e: e.queue.queue_wait),
+    ("embedx_embed_seconds", "histogram", "From an embed call to its vectors.",
+     lambda e: e.latency),
+    ("embedx_padding_tokens_total", "counter", "Padded minus real tokens of batches cut.",
+     lambda e: e.queue.padding_tokens),
+    ("embedx_truncated_inputs_total", "counter", "Texts cut to the model's length.",
+     lambda e: e.truncated),
+)  # fmt: skip
+# Per model and device: (metric, kind, help, value of a worker).
+DEVICE_FAMILIES: tuple[tuple[str, str, str, Callable[[DeviceWorker], Any]], ...] = (
+    ("embedx_device_tokens_total", "counter", "Tokens a device embedded.",
+     lambda w: w.slot.tokens_done),
+    ("embedx_device_batches_total", "counter", "Batches a device ran.",
+     lambda w: w.slot.batches_done),
+    ("embedx_device_busy_seconds_total", "counter", "Device time spent on batches.",
+     lambda w: w.slot.busy_s),
+    ("embedx_device_budget_tokens", "gauge", "A device's token budget per batch.",
+     lambda w: w.slot.budget),
+    ("embedx_device_up", "gauge", "1 while a device serves, 0 once quarantined.",
+     lambda w: int(w.slot.active)),
+    ("embedx_batch_tokens", "histogram", "Real tokens per batch.", lambda w: w.batch_tokens),
+)  # fmt: skip
 
-    live = [(name, e) for name, e in engines if isinstance(e, Engine)]
-    w.family("embedx_queue_items", "gauge", "Texts waiting in a model's queue.")
-    for name, engine in live:
-        w.sample("embedx_queue_items", engine.queue.pending_items, model=name)
-    w.family("embedx_queue_tokens", "gauge", "Tokens waiting in a model's queue.")
-    for name, engine in live:
-        w.sample("embedx_queue_tokens", engine.queue.pending_tokens, model=name)
-    w.family("embedx_queue_wait_seconds", "histogram", "From submission to a batch's start.")
-    for name, engine in live:
-        w.histogram("embedx_queue_wait_seconds", engine.queue.queue_wait, model=name)
-    w.family("embedx_padding_tokens_total", "counter", "Padded minus real tokens of batches cut.")
-    for name, engine in live:
-        w.sample("embedx_padding_tokens_total", engine.queue.padding_tokens, model=name)
-    w.family("embedx_truncated_inputs_total", "counter", "Texts cut to the model's length.")
-    for name, engine in live:
-        w.sample("embedx_truncated_inputs_total", engine.truncated, model=name)
-    families = (
-        ("embedx_device_tokens_total", "counter", "Tokens a device embedded.", "tokens_done"),
-        ("embedx_device_batches_total", "counter", "Batches a device ran.", "batches_done"),
-        ("embedx_device_busy_seconds_total", "counter", "Device time spent on batches.", "busy_s"),
-        ("embedx_device_budget_tokens", "gauge", "A device's token budget per batch.", "budget"),
-    )
-    for metric, kind, help_text, attribute in families:
+
+def _engine_families(w: _Writer, engines: list[tuple[str, Engine]]) -> None:
+    for metric, kind, help_text, value in MODEL_FAMILIES:
         w.family(metric, kind, help_text)
-        for name, engine in live:
+        for name, engine in engines:
+            w.value(metric, kind, value(engine), model=name)
+    for metric, kind, help_text, of_worker in DEVICE_FAMILIES:
+        w.family(metric, kind, help_text)
+        for name, engine in engines:
             for worker in engine.workers:
-                value = getattr(worker.slot, attribute)
-                w.sample(metric, value, model=name, device=worker.slot.name)
-    w.family("embedx_device_up", "gauge", "1 while a device serves, 0 once quarantined.")
-    for name, engine in live:
-        for worker in engine.workers:
-            w.sample(
-                "embedx_device_up", int(worker.slot.active), model=name, device=worker.slot.name
-            )
-    w.family("embedx_batch_tokens", "histogram", "Real tokens per batch.")
-    for name, engine in live:
-        for worker in engine.workers:
-            w.histogram(
-                "embedx_batch_tokens", worker.batch_tokens, model=name, device=worker.slot.name
-            )
+                w.value(metric, kind, of_worker(worker), model=name, device=worker.slot.name)
