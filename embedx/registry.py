@@ -90,7 +90,6 @@ class ModelRegistry:
     def spec_for(self, name: str, request: LoadRequest) -> ModelSpec:
         """The catalog's entry for `name`, or (unless catalog-only) a spec built from the
         request, with the request's load fields filling what the catalog leaves open."""
-        pooling = Pooling.parse(request.pooling) if request.pooling is not None else None
         if request.dtype is not None:
             check_dtype(request.dtype)
         spec = self.catalog.get(name)
@@ -101,12 +100,7 @@ class ModelRegistry:
                     param="model",
                 )
             spec = ModelSpec(name=name, source=name, revision=self.settings.revision)
-        if pooling is not None and spec.pooling is not None and pooling is not spec.pooling:
-            raise PoolingConflict(
-                f"model {name!r} uses {spec.pooling.value} pooling; this request asks for "
-                f"{pooling.value}. Pooling is fixed per model: drop the field or use another name",
-                param="pooling",
-            )
+        pooling = _asked_pooling(name, spec.pooling, request.pooling)
         return spec.with_overrides(
             pooling=spec.pooling or pooling,
             dtype=request.dtype if spec.dtype == "auto" else None,
@@ -133,14 +127,7 @@ class ModelRegistry:
             raise ShuttingDown("the server is shutting down")
         resident = self._models.get(name)
         if resident is not None:
-            if request.pooling is not None and resident.spec.pooling is not None:
-                asked = Pooling.parse(request.pooling)
-                if asked is not resident.spec.pooling:
-                    raise PoolingConflict(
-                        f"model {name!r} is loaded with {resident.spec.pooling.value} pooling; "
-                        f"this request asks for {asked.value}",
-                        param="pooling",
-                    )
+            _asked_pooling(name, resident.spec.pooling, request.pooling)
         else:
             spec = self.spec_for(name, request)
             if spec.pooling is None:
@@ -311,3 +298,15 @@ class ModelRegistry:
                 if not worker.slot.active:
                     found.append(f"{resident.spec.name}: {worker.slot.name} ({worker.slot.reason})")
         return found
+
+
+def _asked_pooling(name: str, stated: Pooling | None, asked: str | None) -> Pooling | None:
+    """The pooling a request asks for, if any; a conflict if the model's is another one."""
+    pooling = Pooling.parse(asked) if asked is not None else None
+    if pooling is not None and stated is not None and pooling is not stated:
+        raise PoolingConflict(
+            f"model {name!r} uses {stated.value} pooling; this request asks for "
+            f"{pooling.value}. Pooling is fixed per model: drop the field or use another name",
+            param="pooling",
+        )
+    return pooling
