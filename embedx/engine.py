@@ -111,6 +111,10 @@ class EngineOptions:
     batch_timeout_s: float = 60.0
     smoke_test: bool = True
 
+    def __post_init__(self) -> None:
+        if self.wrapping is not None:  # once here, not for every request
+            check_template(self.wrapping, "wrapping")
+
 
 class Replica:
     """A model on one device, with pinned staging memory for each batch it keeps in flight."""
@@ -293,10 +297,9 @@ class Engine:
             self.spec.dtype, cuda=info.is_cuda, bf16=info.supports_bf16 or not info.is_cuda
         )
         needed = weight_bytes(self.files, dtype)
-        if info.is_cuda and needed > accelerator.free_memory():
-            self.skipped[info.label] = (
-                f"needs {needed >> 20} MiB, {accelerator.free_memory() >> 20} MiB free"
-            )
+        free = accelerator.free_memory() if info.is_cuda else needed
+        if needed > free:
+            self.skipped[info.label] = f"needs {needed >> 20} MiB, {free >> 20} MiB free"
             return
         try:
             model = await asyncio.to_thread(
@@ -435,8 +438,7 @@ class Engine:
         _check_texts(texts)
         check_dimensions(options.dimensions, self.dimensions)
         template = self.template_for(options.input_type)
-        if template is not None:
-            check_template(template, "template")
+        if template is not None:  # checked once: by EngineOptions or the catalog
             before, after = template.split("{text}")
             texts = [before + text + after for text in texts]
         started = time.monotonic()
