@@ -127,6 +127,11 @@ class LengthBuckets:
         for item in items:
             self.push(item)
 
+    def items(self) -> Iterator[Item]:
+        """Every item held, in no particular order."""
+        for bucket in self._by_length.values():
+            yield from bucket
+
     def shortest(self) -> int | None:
         return self._lengths[0] if self._lengths else None
 

@@ -551,8 +551,7 @@ class ConvergingQueue:
 
     def _pending_items(self) -> Iterable[Item]:
         for buckets in self._generations.values():
-            for bucket in buckets._by_length.values():
-                yield from bucket
+            yield from buckets.items()
 
     def _wake_all(self) -> None:
         for device in self.devices:
