@@ -8,6 +8,7 @@ next batch launched before the current one is awaited; on the CPU, on one worker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -42,11 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("embedx.engine")
 
-# Texts per tokenizer call: a small first chunk so the devices start early, then large ones.
-# One call at a time: the tokenizer spreads each call over every core, and calls running
-# side by side were slower in total (bench/tokenization.py on a 16-core H200 host).
-FIRST_CHUNK = 1024
-TOKENIZE_CHUNK = 8192
 HANG_FACTOR = 20  # a batch taking this many times its expected time marks its device hung
 SMOKE_TEXT = "embedx smoke test: the quick brown fox jumps over the lazy dog."
 
@@ -480,20 +476,16 @@ class Engine:
         the first chunk while the rest is still being tokenized. Returns how many texts were
         truncated."""
         truncated = 0
-        start = 0
         self.queue.feeding_started()
         try:
-            while start < len(texts):
-                size = FIRST_CHUNK if start == 0 else TOKENIZE_CHUNK
-                encoded = await self.tokenizer.encode(
-                    texts[start : start + size], truncate=truncate
-                )
-                with gc_paused():
-                    views = zip(encoded.lengths, encoded.views(), strict=True)
-                    items = [Item(job, start + i, n, ids) for i, (n, ids) in enumerate(views)]
-                    self.queue.submit(job, items)
-                truncated += encoded.truncated
-                start += size
+            chunks = self.tokenizer.encode_chunks(texts, truncate=truncate)
+            async with contextlib.aclosing(chunks):
+                async for start, encoded in chunks:
+                    with gc_paused():
+                        views = zip(encoded.lengths, encoded.views(), strict=True)
+                        items = [Item(job, start + i, n, ids) for i, (n, ids) in enumerate(views)]
+                        self.queue.submit(job, items)
+                    truncated += encoded.truncated
         finally:
             self.queue.feeding_done()
         return truncated

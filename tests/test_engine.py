@@ -121,9 +121,17 @@ async def test_an_over_long_text_with_truncation_off_is_refused_and_nothing_is_q
     make_engine: Callable[..., Any],
 ) -> None:
     async with make_engine(("cpu",)) as engine:
-        with pytest.raises(InputTooLong):
+        with pytest.raises(InputTooLong, match="input 0 "):
             await engine.embed(["word " * 400], EmbedOptions(truncate=False))
         assert engine.queue.pending_items == 0
+        # past the first tokenizer call: its place in the whole list, and the texts of the
+        # calls before it leave the queue with the request
+        texts = ["short text"] * 6000
+        texts[5000] = "word " * 400
+        with pytest.raises(InputTooLong, match="input 5000 "):
+            await engine.embed(texts, EmbedOptions(truncate=False))
+        assert engine.queue.pending_items == 0
+        assert (await engine.embed(["still serving"])).vectors.shape == (1, 384)
 
 
 async def test_a_cancelled_request_frees_its_items(

@@ -4,7 +4,7 @@ batch encoding that runs off the event loop in Rust threads."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
 from typing import TYPE_CHECKING
@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
 
     from embedx.models.source import ModelFiles
+
+# Texts per tokenizer call: a small first chunk so the devices start early, then larger ones.
+# The tokenizer spreads each call over every core, so calls run one at a time; the next one
+# runs while Python takes the ids out of the last (bench/tokenization.py, "pipelined").
+FIRST_CHUNK = 1024
+CHUNK = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,24 +53,43 @@ class TextTokenizer:
         # tokenizers >= 0.22 encodes in its own threads behind an awaitable
         self._async = hasattr(self._tokenizer, "async_encode_batch_fast")
 
-    async def encode(self, texts: Sequence[str], *, truncate: bool = True) -> Encoded:
-        """Encode without blocking the event loop; with `truncate` off, an over-long text is
-        an InputTooLong error naming it."""
+    async def encode_chunks(
+        self, texts: Sequence[str], *, truncate: bool = True
+    ) -> AsyncGenerator[tuple[int, Encoded]]:
+        """Encode in chunks without blocking the event loop, yielding (first index, chunk) in
+        order; the next chunk encodes in the tokenizer's threads while the caller handles
+        this one. With `truncate` off, an over-long text is an InputTooLong error naming it."""
+        bounds = chunk_bounds(len(texts))
+        ahead = self._start(texts[slice(*bounds[0])])
+        try:
+            for i, (start, _) in enumerate(bounds):
+                encodings = await ahead
+                if i + 1 < len(bounds):
+                    ahead = self._start(texts[slice(*bounds[i + 1])])
+                yield start, self._collect(encodings, truncate, offset=start)
+        finally:
+            if not ahead.done():  # the caller stopped early: let the call finish unheard
+                ahead.add_done_callback(_discard)
+
+    def _start(self, texts: Sequence[str]) -> asyncio.Future[list[Encoding]]:
         if self._async:
-            encodings = await self._tokenizer.async_encode_batch_fast(list(texts))
-        else:
-            encodings = await asyncio.to_thread(self._tokenizer.encode_batch_fast, list(texts))
-        return self._collect(encodings, truncate)
+            started: asyncio.Future[list[Encoding]] = self._tokenizer.async_encode_batch_fast(
+                list(texts)
+            )
+            return started
+        return asyncio.ensure_future(
+            asyncio.to_thread(self._tokenizer.encode_batch_fast, list(texts))
+        )
 
     def encode_now(self, texts: Sequence[str], *, truncate: bool = True) -> Encoded:
         """Blocking encode, for load-time probes and tools."""
         return self._collect(self._tokenizer.encode_batch_fast(list(texts)), truncate)
 
-    def _collect(self, encodings: list[Encoding], truncate: bool) -> Encoded:
+    def _collect(self, encodings: list[Encoding], truncate: bool, offset: int = 0) -> Encoded:
         with gc_paused():
-            return self._gather(encodings, truncate)
+            return self._gather(encodings, truncate, offset)
 
-    def _gather(self, encodings: list[Encoding], truncate: bool) -> Encoded:
+    def _gather(self, encodings: list[Encoding], truncate: bool, offset: int) -> Encoded:
         # One int32 array per chunk: the ids' Python ints live only while they are copied,
         # so tens of thousands of texts leave no garbage for the collector to scan.
         lengths = list(map(len, encodings))
@@ -73,17 +98,31 @@ class TextTokenizer:
         truncated = [i for i, e in enumerate(encodings) if e.overflowing]
         if truncated and not truncate:
             raise InputTooLong(
-                f"input {truncated[0]} is longer than this model's {self.max_seq_len} tokens; "
-                "send shorter texts or set truncate to true",
+                f"input {offset + truncated[0]} is longer than this model's "
+                f"{self.max_seq_len} tokens; send shorter texts or set truncate to true",
                 param="inputs",
             )
         if 0 in lengths:
             raise InvalidInput(
-                f"input {lengths.index(0)} has no tokens for this model's tokenizer",
+                f"input {offset + lengths.index(0)} has no tokens for this model's tokenizer",
                 param="input",
             )
         offsets = [0, *accumulate(lengths)][:-1]
         return Encoded(ids, offsets, lengths, len(truncated))
+
+
+def chunk_bounds(count: int) -> list[tuple[int, int]]:
+    """[start, stop) of each tokenizer call for `count` texts."""
+    bounds = [(0, min(count, FIRST_CHUNK))]
+    while bounds[-1][1] < count:
+        start = bounds[-1][1]
+        bounds.append((start, min(count, start + CHUNK)))
+    return bounds
+
+
+def _discard(future: asyncio.Future[list[Encoding]]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved, so asyncio does not log it as lost
 
 
 def _load(files: ModelFiles) -> Tokenizer:
