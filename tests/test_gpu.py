@@ -120,6 +120,19 @@ async def test_a_hung_gpu_is_quarantined_and_the_cpu_finishes(
     assert cosines(result.vectors, st_reference[:120]).min() >= 0.999
 
 
+async def test_a_gpu_failing_every_batch_is_quarantined_and_the_cpu_finishes(
+    minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    async with cuda_engine(minilm_dir, "0,cpu", max_batch_tokens=2048) as engine:
+        wrap(engine, "cuda:0", fail=lambda b, n: RuntimeError("CUDA error: device lost (injected)"))
+        result = await engine.embed(reference_texts)
+        described = {d["device"]: d for d in engine.describe()["devices"]}
+    assert described["cuda:0"]["state"] == "quarantined"
+    assert "injected" in (described["cuda:0"]["reason"] or "")
+    assert described["cpu"]["tokens"] >= result.tokens  # the CPU ran every text
+    assert cosines(result.vectors, st_reference).min() >= 0.999
+
+
 async def test_gpu_and_cpu_together_return_correct_vectors(
     minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
 ) -> None:
