@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
     from embedx.models.packing import PackedBatch
 
-# (q (T, Hq, D), k (T, Hkv, D), v (T, Hkv, D), batch, causal, scale) -> (T, Hq, D)
+# (q (T, Hq, D), k (T, Hkv, D), v (T, Hkv, D), batch, causal, scale) -> (T, Hq, D).
+# Where q holds one row per text, (B, Hq, D), causal is False: that row sees its whole text.
 Attention = Callable[
     ["torch.Tensor", "torch.Tensor", "torch.Tensor", "PackedBatch", bool, float], "torch.Tensor"
 ]
@@ -39,8 +40,11 @@ def flash_varlen_attention(
     import torch
 
     cu = batch.cu_seqlens
+    cu_q, max_q = cu, batch.max_len
+    if q.shape[0] != k.shape[0]:  # one query per text
+        cu_q, max_q = torch.arange(batch.count + 1, dtype=cu.dtype, device=cu.device), 1
     out = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu, cu, batch.max_len, batch.max_len, 0.0, causal, False, scale=scale
+        q, k, v, cu_q, cu, max_q, batch.max_len, 0.0, causal, False, scale=scale
     )
     result: torch.Tensor = out[0]
     return result
@@ -70,7 +74,9 @@ def padded_attention(
         out[where] = x
         return out.view(count, width, heads, dim).transpose(1, 2)  # (B, h, L, D)
 
-    qp, kp, vp = padded(q), padded(k), padded(v)
+    one_per_text = q.shape[0] != k.shape[0]
+    qp = q.unsqueeze(2) if one_per_text else padded(q)  # (B, Hq, 1, D) or (B, Hq, L, D)
+    kp, vp = padded(k), padded(v)
     mask = None
     if not causal:
         valid = torch.arange(width, device=q.device) < batch.lengths.unsqueeze(1)  # (B, L)
@@ -83,5 +89,7 @@ def padded_attention(
         is_causal=causal,
         scale=scale,
         enable_gqa=kp.shape[1] != qp.shape[1],
-    )  # (B, Hq, L, D)
+    )  # (B, Hq, L or 1, D)
+    if one_per_text:
+        return out.squeeze(2)
     return out.transpose(1, 2).reshape(count * width, q.shape[1], q.shape[2])[where]

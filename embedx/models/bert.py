@@ -154,7 +154,7 @@ class BertEncoder:
             self.act = partial(F.gelu, approximate="tanh")
         self.scale = 1.0 / math.sqrt(h // c.heads)
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, pooled: torch.Tensor | None = None) -> torch.Tensor:
         import torch
         import torch.nn.functional as F
 
@@ -166,10 +166,13 @@ class BertEncoder:
         )
         x = self.word[batch.input_ids] + self.position[positions] + self.type0  # (T, H)
         x = F.layer_norm(x, (c.hidden,), *self.embed_norm, c.eps)
+        last = self.layers[-1]
         for layer in self.layers:
             qkv = F.linear(x, layer.qkv_w, layer.qkv_b).view(tokens, 3, heads, head_dim)
             q, k, v = qkv.unbind(1)  # each (T, nh, hd)
-            a = self.attention(q, k, v, batch, False, self.scale).reshape(tokens, c.hidden)
+            if pooled is not None and layer is last:  # from here on, the pooled rows only
+                q, x = q[pooled], x[pooled]
+            a = self.attention(q, k, v, batch, False, self.scale).reshape(-1, c.hidden)
             x = self.ops.add_layer_norm(
                 F.linear(a, layer.out_w, layer.out_b), x, *layer.norm1, c.eps
             )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from embedx.errors import InvalidModel
 from embedx.models import bert, qwen3
-from embedx.models.pooling import Pooling, pool
+from embedx.models.pooling import Pooling, pool, pooled_rows
 from embedx.models.source import ModelFiles
 
 if TYPE_CHECKING:
@@ -39,7 +39,9 @@ ACTIVATIONS = {name: _activation(name) for name in ("Identity", "Tanh", "ReLU", 
 class Encoder(Protocol):
     causal: bool
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor: ...
+    def forward(self, batch: PackedBatch, pooled: torch.Tensor | None = None) -> torch.Tensor:
+        """(T, H) final token states; with `pooled` ((B,) rows), only those rows' (B, H)."""
+        ...
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -132,6 +134,11 @@ class EmbeddingModel:
 
             self.encoder = TransformersEncoder(files, device, target)
         self.implementation = code or "transformers"
+        # A CLS or last token sees its whole text (a causal model's first token does not), so
+        # its final state needs only its own row of the last layer.
+        self.one_row_per_text = pooling is Pooling.LAST_TOKEN or (
+            pooling is Pooling.CLS and not self.encoder.causal
+        )
         self.dense = [self._load_dense(layer.weights, layer.activation) for layer in files.dense]
         hidden = int(files.config.get("hidden_size") or files.config.get("d_model") or 0)
         self.dimensions = int(self.dense[-1].weight.shape[0]) if self.dense else hidden
@@ -154,8 +161,14 @@ class EmbeddingModel:
         import torch.nn.functional as F
 
         with torch.inference_mode():
-            hidden = self.encoder.forward(batch)  # (T, H)
-            vectors = pool(hidden, batch.cu_seqlens, batch.segments, batch.lengths, self.pooling)
+            rows = pooled_rows(batch.cu_seqlens, self.pooling) if self.one_row_per_text else None
+            if rows is not None:  # the last layer runs only for the pooled tokens
+                vectors = self.encoder.forward(batch, rows).float()
+            else:
+                hidden = self.encoder.forward(batch)  # (T, H)
+                vectors = pool(
+                    hidden, batch.cu_seqlens, batch.segments, batch.lengths, self.pooling
+                )
             for layer in self.dense:
                 vectors = ACTIVATIONS[layer.activation](F.linear(vectors, layer.weight, layer.bias))
             return vectors

@@ -27,6 +27,15 @@ class Pooling(enum.Enum):
             raise InvalidOption(f"pooling {value!r} is not one of {choices}", param=param) from None
 
 
+def pooled_rows(cu_seqlens: torch.Tensor, pooling: Pooling) -> torch.Tensor | None:
+    """(B,) int64: the row of each text's one pooled token, or None for mean pooling."""
+    if pooling is Pooling.CLS:
+        return cu_seqlens[:-1].long()
+    if pooling is Pooling.LAST_TOKEN:
+        return cu_seqlens[1:].long() - 1
+    return None
+
+
 def pool(
     hidden: torch.Tensor,  # (T, H): every text's token states, packed end to end
     cu_seqlens: torch.Tensor,  # (B + 1,) int32: text b owns rows cu[b]:cu[b + 1]
@@ -37,10 +46,9 @@ def pool(
     """One float32 vector per text, (B, H). Sums run in float32 whatever the model's dtype."""
     import torch
 
-    if pooling is Pooling.CLS:
-        return hidden[cu_seqlens[:-1].long()].float()
-    if pooling is Pooling.LAST_TOKEN:
-        return hidden[cu_seqlens[1:].long() - 1].float()
+    rows = pooled_rows(cu_seqlens, pooling)
+    if rows is not None:
+        return hidden[rows].float()
     sums = torch.zeros(
         (lengths.shape[0], hidden.shape[1]), dtype=torch.float32, device=hidden.device
     )

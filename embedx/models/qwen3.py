@@ -142,7 +142,7 @@ class Qwen3Encoder:
         self.q_width = c.heads * hd
         self.qk_width = (c.heads + c.kv_heads) * hd
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, pooled: torch.Tensor | None = None) -> torch.Tensor:
         import torch.nn.functional as F
 
         c, ops = self.config, self.ops
@@ -156,8 +156,11 @@ class Qwen3Encoder:
                 batch.positions, self.cos, self.sin, c.eps,
             )  # fmt: skip
             v = qkv[:, self.qk_width :].view(tokens, c.kv_heads, c.head_dim)
-            a = self.attention(q, k, v, batch, True, self.scale)  # (T, nq, hd)
-            attended = F.linear(a.reshape(tokens, self.q_width), layer.o_w)
+            causal = True
+            if pooled is not None and i + 1 == len(self.layers):  # the pooled rows only
+                q, x, causal = q[pooled], x[pooled], False  # a last token sees its whole text
+            a = self.attention(q, k, v, batch, causal, self.scale)  # (T or B, nq, hd)
+            attended = F.linear(a.reshape(-1, self.q_width), layer.o_w)
             x, h = ops.add_rms_norm(attended, x, layer.mlp_norm, c.eps)
             mlp = F.linear(ops.silu_mul(F.linear(h, layer.gate_up_w)), layer.down_w)
             following = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm

@@ -37,7 +37,7 @@ class TransformersEncoder:
             limit -= int(config.pad_token_id) + 1
         return int(limit)
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, pooled: torch.Tensor | None = None) -> torch.Tensor:
         import torch
 
         count, width = batch.count, batch.max_len
@@ -47,4 +47,4 @@ class TransformersEncoder:
         mask = (torch.arange(width, device=where.device) < batch.lengths.unsqueeze(1)).long()
         states = self.model(input_ids=ids.view(count, width), attention_mask=mask)
         hidden: torch.Tensor = states.last_hidden_state  # (B, L, H)
-        return hidden.reshape(count * width, -1)[where]
+        return hidden.reshape(count * width, -1)[where if pooled is None else where[pooled]]
