@@ -251,8 +251,7 @@ class CudaAccelerator:
         self.info = info
         self.device = torch.device("cuda", int(info.key))
         self._torch = torch
-        with torch.cuda.device(self.device):
-            self.stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        self.stream = _device_stream(self.device)
 
     def launch(self, work: Callable[[], T]) -> CudaLaunch[T]:
         cuda = self._torch.cuda
@@ -301,6 +300,22 @@ class CudaAccelerator:
 
     def close(self) -> None:
         self.release_cached_memory()
+
+
+_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _device_stream(device: torch.device) -> torch.cuda.Stream:
+    """The process's one side stream on a GPU, shared by every model loaded there: PyTorch
+    keeps a cuBLAS workspace (32 MiB on Hopper) per stream until the process exits, so a
+    fresh stream for each load would leave one behind per evicted model."""
+    import torch
+
+    index = device.index or 0
+    if index not in _STREAMS:
+        with torch.cuda.device(device):
+            _STREAMS[index] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    return _STREAMS[index]
 
 
 @dataclass(slots=True)

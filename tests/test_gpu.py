@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -229,14 +230,17 @@ async def test_evicting_a_model_gives_its_gpu_memory_back(minilm_dir: Path) -> N
     from embedx.registry import LoadRequest, ModelRegistry
 
     settings = load_settings({"devices": "0", "smoke_test_on_load": "false"})
-    registry = ModelRegistry(settings, load_catalog(None), discover(settings), open_accelerator)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated(0)
-    async with registry.lease(
-        str(minilm_dir), LoadRequest(pooling="mean", keep_alive_s=0)
-    ) as engine:
-        await engine.embed(["resident for a moment"])
-        assert torch.cuda.memory_allocated(0) > before + 20 * 2**20  # weights and buffers
-    await registry.drain(5)
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated(0) <= before + 2**20
+    request = LoadRequest(pooling="mean", keep_alive_s=0)
+    leftover: list[int] = []
+    for _ in range(3):  # the first load also makes what a process keeps (its CUDA stream's)
+        registry = ModelRegistry(settings, load_catalog(None), discover(settings), open_accelerator)
+        gc.collect()  # what earlier tests left to the collector is not this model's
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated(0)
+        async with registry.lease(str(minilm_dir), request) as engine:
+            await engine.embed(["resident for a moment"])
+            assert torch.cuda.memory_allocated(0) > before + 20 * 2**20  # weights and buffers
+        await registry.drain(5)
+        torch.cuda.synchronize()  # no gc.collect(): eviction itself must let go of the memory
+        leftover.append(torch.cuda.memory_allocated(0) - before)
+    assert max(leftover[1:]) <= 2**20, leftover
