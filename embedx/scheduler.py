@@ -24,6 +24,8 @@ from embedx.telemetry import LATENCY_BUCKETS_S, Histogram
 
 QUARANTINE_AFTER_FAILURES = 3  # consecutive failed batches before a device is taken out
 MAX_ITEM_ATTEMPTS = 4  # failed batches an item may be part of before its job fails
+# A host-CPU device beside accelerators works only if it could do this share of the work.
+MIN_HOST_SHARE = 0.02
 
 
 class SpeedModel:
@@ -258,13 +260,7 @@ class ConvergingQueue:
             return None
         if self.pending_items <= 0:
             return None
-        if (
-            device.shares_host
-            and self.feeding
-            and any(d.active and not d.shares_host for d in self.devices)
-        ):
-            # While texts are still being tokenized, the host's cores are what feeds the
-            # accelerators: computing on them too would slow every device down.
+        if device.shares_host and self._host_better_left_to_feeding(device):
             return None
         end = self.end_for(device)
         target = self._tail_target(device, end)
@@ -552,6 +548,20 @@ class ConvergingQueue:
     def _pending_items(self) -> Iterable[Item]:
         for buckets in self._generations.values():
             yield from buckets.items()
+
+    def _host_better_left_to_feeding(self, device: DeviceSlot) -> bool:
+        """Whether a device computing on the host's CPU should stay idle so the host feeds the
+        accelerators: the host tokenizes, and its one event-loop thread launches every batch.
+        So it waits while texts are being tokenized, and sits out entirely when its best share
+        of the work is below MIN_HOST_SHARE: its batches would cost the accelerators more (cores,
+        and the interpreter lock its forward holds) than it adds."""
+        accelerators = [d for d in self.devices if d.active and not d.shares_host]
+        if not accelerators:
+            return False
+        if self.feeding:
+            return True
+        total = device.speed.rate + sum(d.speed.rate for d in accelerators)
+        return device.speed.rate < MIN_HOST_SHARE * total
 
     def _wake_all(self) -> None:
         for device in self.devices:

@@ -256,3 +256,14 @@ def test_a_device_on_the_host_cpu_waits_while_texts_are_still_being_tokenized() 
     assert queue.claim(gpu) is not None
     queue.feeding_done()
     assert queue.claim(cpu) is not None
+
+
+def test_a_host_cpu_too_slow_to_matter_sits_out_until_the_accelerators_are_gone() -> None:
+    queue = ConvergingQueue(clock=Clock())
+    gpu = queue.add_device("gpu", budget=100, rate=1e7)
+    cpu = queue.add_device("cpu", budget=100, rate=1e5, shares_host=True)  # 1% of the work
+    job_of(queue, [10] * 50)
+    assert queue.claim(cpu) is None
+    assert queue.claim(gpu) is not None
+    queue.quarantine(gpu, "lost (test)")
+    assert queue.claim(cpu) is not None
