@@ -3,7 +3,8 @@
     python bench/mixed.py MODEL --devices 0,cpu [--static] [--out FILE]
 
 MODEL as in throughput.py. Every policy embeds the same texts; makespan is the wall time of
-one `embed` call (tokenization included). For the converging queue: each device's share of
+one `embed` call (tokenization included); the fastest device alone and the converging queue
+take turns, and each reports its median of --runs. For the converging queue: each device's share of
 the tokens and how long it sat idle before the last batch finished (its end idle). Static
 splits run one engine per device on a fixed share of the texts, concurrently: even, by
 static device score, and the best ratio found by search in hindsight (two devices).
@@ -41,7 +42,7 @@ async def open_engine(directory: Path, pooling: str, length: int, devices: str, 
 
 
 async def converging(engine: Any, texts: list[str]) -> dict[str, Any]:
-    await engine.embed(texts[: len(texts) // 20])  # warm-up: measured speeds settle
+    """One timed embed of every text, with each device's share, busy time and end idle."""
     before = {w.slot.name: (w.slot.tokens_done, w.slot.busy_s) for w in engine.workers}
     started = time.monotonic()
     result = await engine.embed(texts)
@@ -59,6 +60,23 @@ async def converging(engine: Any, texts: list[str]) -> dict[str, Any]:
             "tokens_per_s_measured": round(slot.effective_rate()),
         }
     return {"makespan_s": ended - started, "tokens": result.tokens, "devices": devices}
+
+
+async def alternating(engines: dict[str, Any], texts: list[str], runs: int) -> dict[str, Any]:
+    """Each engine's median run of `runs`, taking turns so drifts in the host's speed fall on
+    all of them alike; a warm-up pass each first."""
+    for engine in engines.values():
+        await engine.embed(texts)
+    trials: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+    for _ in range(runs):
+        for name, engine in engines.items():
+            trials[name].append(await converging(engine, texts))
+    result = {}
+    for name, got in trials.items():
+        ordered = sorted(got, key=lambda run: run["makespan_s"])
+        result[name] = ordered[len(ordered) // 2]
+        result[name]["runs_s"] = [round(run["makespan_s"], 4) for run in got]
+    return result
 
 
 async def static_split(engines: list[Any], texts: list[str], shares: list[float]) -> dict[str, Any]:
@@ -99,10 +117,10 @@ async def measure(
     keys = args.devices.split(",")
     result: dict[str, Any] = {"devices": keys, "texts": len(texts)}
     alone = await open_engine(directory, pooling, length, keys[0], args.max_batch_tokens)
-    result["fastest_alone"] = await converging(alone, texts)
-    await alone.close()
     pair = await open_engine(directory, pooling, length, args.devices, args.max_batch_tokens)
-    result["converging"] = await converging(pair, texts)
+    timed = await alternating({"fastest_alone": alone, "converging": pair}, texts, args.runs)
+    result.update(timed)
+    await alone.close()
     await pair.close()
     alone_s = result["fastest_alone"]["makespan_s"]
     result["converging_vs_alone"] = result["converging"]["makespan_s"] / alone_s
@@ -137,6 +155,7 @@ def main() -> None:
     parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--max-batch-tokens", type=int, default=65536)
+    parser.add_argument("--runs", type=int, default=3, help="timed runs each; medians count")
     parser.add_argument("--static", action="store_true", help="also run the static splits")
     parser.add_argument("--oracle-grid", type=float, nargs="+",
                         default=[0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9])  # fmt: skip
