@@ -143,7 +143,8 @@ def start_server(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]
         "EMBEDX_MAX_CONCURRENT_REQUESTS": str(args.clients),
         "EMBEDX_LOG_LEVEL": "warning",
     }
-    server = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env)
+    profiler = ["-m", "cProfile", "-o", args.profile_server] if args.profile_server else []
+    server = subprocess.Popen([sys.executable, *profiler, "-m", "embedx", "serve"], env=env)
     import httpx
 
     deadline = time.monotonic() + 120
@@ -165,8 +166,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256, help="texts per request")
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
-    parser.add_argument("--max-batch-tokens", type=int, default=65536)
+    parser.add_argument("--max-batch-tokens", type=int, default=262144)
     parser.add_argument("--tiny", action="store_true", help="tiny random shapes (host overhead)")
+    parser.add_argument("--profile-server", metavar="FILE", help="run the server under cProfile")
     parser.add_argument("--out")
     args = parser.parse_args()
     corpus = load_corpus(args.corpus, repeat=4)

@@ -16,12 +16,12 @@ single)
   timeout 120 python3 -m pytest -q -m gpu ../tests/test_gpu.py -p no:cacheprovider -o addopts="" >"$out/pytest.txt" 2>&1
   tail -2 "$out/pytest.txt"
   for model in ${MODELS:-minilm bert-base bert-large xlm-roberta-large qwen3-0.6b}; do
-    timeout 150 $cores python3 throughput.py $model --peer-fraction 0.1 \
+    timeout 240 $cores python3 throughput.py $model --peer-fraction 0.1 \
       --out "$out/throughput-$model.json" >"$out/throughput-$model.log" 2>&1
     python3 summarize.py "$out/throughput-$model.json"
   done
   for model in ${MIXED:-minilm bert-large}; do
-    timeout 90 $cores python3 mixed.py $model --devices 0,cpu --out "$out/mixed-$model-gpu-cpu.json" \
+    timeout 150 $cores python3 mixed.py $model --devices 0,cpu --out "$out/mixed-$model-gpu-cpu.json" \
       >"$out/mixed-$model-gpu-cpu.log" 2>&1
     python3 summarize.py "$out/mixed-$model-gpu-cpu.json"
   done
@@ -49,7 +49,10 @@ load)
   printf '[models."sentence-transformers/all-MiniLM-L6-v2"]\nsource = "%s"\npooling = "mean"\nmax_seq_len = 256\n' \
     "$(cd .. && pwd)/.carry/minilm-fp16" > /tmp/models.toml
   export EMBEDX_MODELS_FILE=/tmp/models.toml
-  timeout 200 $cores python3 load.py --clients 32 --out "$out/load-minilm.json" >"$out/load-minilm.log" 2>&1
-  python3 summarize.py "$out/load-minilm.json"
+  for processes in ${CLIENT_PROCESSES:-4}; do
+    timeout 200 $cores python3 load.py --clients 32 --client-processes $processes \
+      --out "$out/load-minilm-$processes-client-processes.json" >"$out/load-minilm-$processes.log" 2>&1
+    python3 summarize.py "$out/load-minilm-$processes-client-processes.json"
+  done
   ;;
 esac

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -117,6 +120,52 @@ def test_truncation_is_counted_and_refused_when_asked(minilm_dir: Path) -> None:
     assert encoded.lengths == [8, 3]
     with pytest.raises(InputTooLong, match="input 0"):
         tokenizer.encode_now(["one two three four five six seven eight nine"], truncate=False)
+
+
+@pytest.mark.anyio
+async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_ids(
+    minilm_dir: Path, reference_texts: list[str]
+) -> None:
+    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
+    calls = 0
+    encode = tokenizer._tokenizer.async_encode_batch_fast
+
+    def counted(texts: list[str]) -> Any:
+        nonlocal calls
+        calls += 1
+        return encode(texts)
+
+    tokenizer._tokenizer = SimpleNamespace(async_encode_batch_fast=counted)  # type: ignore[assignment]
+    parts = [reference_texts[i * 40 : (i + 1) * 40] for i in range(6)]
+
+    async def ids(texts: list[str]) -> list[list[int]]:
+        got: list[list[int]] = []
+        async for _, encoded in tokenizer.encode_chunks(texts):
+            got += [view.tolist() for view in encoded.views()]
+        return got
+
+    async def stops_early(texts: list[str]) -> None:
+        async for _ in tokenizer.encode_chunks(texts):
+            raise RuntimeError("the caller gave up")
+
+    results = await asyncio.gather(
+        stops_early(reference_texts[:2000]), *(ids(p) for p in parts), return_exceptions=True
+    )
+    assert isinstance(results[0], RuntimeError)
+    for part, got in zip(parts, results[1:], strict=True):
+        assert got == [e.ids for e in encode_all(minilm_dir, part)]
+    # the first call held the early caller's first chunk; the six came in while it ran, and
+    # shared the next one
+    assert calls <= 3
+
+
+def encode_all(directory: Path, texts: list[str]) -> list[Any]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(256)
+    return tokenizer.encode_batch_fast(texts)
 
 
 # -- pooling -------------------------------------------------------------------------------

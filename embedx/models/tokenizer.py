@@ -19,9 +19,10 @@ if TYPE_CHECKING:
 
     from embedx.models.source import ModelFiles
 
-# Texts per tokenizer call: a small first chunk so the devices start early, then larger ones.
-# The tokenizer spreads each call over every core, so calls run one at a time; the next one
-# runs while Python takes the ids out of the last (bench/tokenization.py, "pipelined").
+# Texts a request submits at a time: a small first chunk so the devices start early, then
+# larger ones. The tokenizer spreads each call over every core, so calls run one at a time:
+# the next one runs while Python takes the ids out of the last (bench/tokenization.py,
+# "pipelined"), and chunks of concurrent requests that arrive meanwhile share it.
 FIRST_CHUNK = 1024
 CHUNK = 4096
 
@@ -52,6 +53,8 @@ class TextTokenizer:
         self._tokenizer.enable_truncation(max_seq_len)
         # tokenizers >= 0.22 encodes in its own threads behind an awaitable
         self._async = hasattr(self._tokenizer, "async_encode_batch_fast")
+        self._waiting: list[tuple[list[str], asyncio.Future[list[Encoding]]]] = []
+        self._calling = False
 
     async def encode_chunks(
         self, texts: Sequence[str], *, truncate: bool = True
@@ -68,18 +71,58 @@ class TextTokenizer:
                     ahead = self._start(texts[slice(*bounds[i + 1])])
                 yield start, self._collect(encodings, truncate, offset=start)
         finally:
-            if not ahead.done():  # the caller stopped early: let the call finish unheard
-                ahead.add_done_callback(_discard)
+            ahead.cancel()  # the caller stopped early: its texts leave the next call
 
     def _start(self, texts: Sequence[str]) -> asyncio.Future[list[Encoding]]:
-        if self._async:
-            started: asyncio.Future[list[Encoding]] = self._tokenizer.async_encode_batch_fast(
-                list(texts)
-            )
-            return started
-        return asyncio.ensure_future(
-            asyncio.to_thread(self._tokenizer.encode_batch_fast, list(texts))
-        )
+        """Queue texts for the tokenizer: they go in the current call if none is running,
+        else in the next one, together with whatever else arrives until then."""
+        future: asyncio.Future[list[Encoding]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((list(texts), future))
+        if not self._calling:
+            self._call_next()
+        return future
+
+    def _call_next(self) -> None:
+        batch = [(texts, future) for texts, future in self._waiting if not future.done()]
+        self._waiting = []
+        if not batch:
+            return
+        texts = [text for part, _ in batch for text in part]
+        call: asyncio.Future[list[Encoding]]
+        try:
+            if self._async:
+                call = self._tokenizer.async_encode_batch_fast(texts)
+            else:
+                call = asyncio.ensure_future(
+                    asyncio.to_thread(self._tokenizer.encode_batch_fast, texts)
+                )
+        except Exception as exc:  # refused outright: every waiter hears it
+            for _, future in batch:
+                future.set_exception(exc)
+            return
+        self._calling = True
+        call.add_done_callback(lambda done: self._hand_out(batch, done))
+
+    def _hand_out(
+        self,
+        batch: list[tuple[list[str], asyncio.Future[list[Encoding]]]],
+        call: asyncio.Future[list[Encoding]],
+    ) -> None:
+        """Give each waiter its slice of a finished call, then start the next call."""
+        self._calling = False
+        start = 0
+        for part, future in batch:
+            if future.done():
+                pass  # its caller stopped waiting
+            elif call.cancelled():  # the loop is shutting down
+                future.cancel()
+            elif (error := call.exception()) is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(call.result()[start : start + len(part)])
+            start += len(part)
+        if self._waiting:
+            self._call_next()
 
     def encode_now(self, texts: Sequence[str], *, truncate: bool = True) -> Encoded:
         """Blocking encode, for load-time probes and tools."""
@@ -118,11 +161,6 @@ def chunk_bounds(count: int) -> list[tuple[int, int]]:
         start = bounds[-1][1]
         bounds.append((start, min(count, start + CHUNK)))
     return bounds
-
-
-def _discard(future: asyncio.Future[list[Encoding]]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved, so asyncio does not log it as lost
 
 
 def _load(files: ModelFiles) -> Tokenizer:
