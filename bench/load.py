@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import os
 import socket
 import statistics
@@ -61,9 +62,17 @@ async def library_rate(
 
 
 async def client_process(
-    base_url: str, model: str, pooling: str | None, batches: list[list[str]], clients: int
+    base_url: str,
+    model: str,
+    pooling: str | None,
+    batches: list[list[str]],
+    clients: int,
+    raw_base64: bool,
 ) -> tuple[list[float], int]:
-    """One client process: `clients` requests in flight, each with the OpenAI SDK."""
+    """One client process: `clients` requests in flight, each with the OpenAI SDK. By default
+    the SDK asks for base64 and turns every row into Python floats; with `raw_base64` the
+    client asks for base64 itself, gets the strings, and decodes them with numpy."""
+    import numpy as np
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="load-test", max_retries=0, timeout=600)
@@ -77,9 +86,20 @@ async def client_process(
         while pending:
             batch = pending.pop()
             sent = time.perf_counter()
-            response = await client.embeddings.create(model=model, input=batch, extra_body=extra)
+            if raw_base64:
+                response = await client.embeddings.create(
+                    model=model, input=batch, extra_body=extra, encoding_format="base64"
+                )
+                rows = [
+                    np.frombuffer(base64.b64decode(d.embedding), np.float32) for d in response.data
+                ]
+            else:
+                response = await client.embeddings.create(
+                    model=model, input=batch, extra_body=extra
+                )
+                rows = [d.embedding for d in response.data]
             latencies.append(time.perf_counter() - sent)
-            assert len(response.data) == len(batch)
+            assert len(rows) == len(batch)
             tokens += response.usage.total_tokens
 
     await asyncio.gather(*(worker() for _ in range(clients)))
@@ -88,7 +108,7 @@ async def client_process(
 
 
 def run_client_process(
-    job: tuple[str, str, str | None, list[list[str]], int],
+    job: tuple[str, str, str | None, list[list[str]], int, bool],
 ) -> tuple[list[float], int]:
     import uvloop
 
@@ -96,7 +116,7 @@ def run_client_process(
 
 
 def drive(base_url: str, model: str, pooling: str | None, batches: list[list[str]],
-          clients: int, processes: int) -> dict[str, Any]:  # fmt: skip
+          clients: int, processes: int, raw_base64: bool) -> dict[str, Any]:  # fmt: skip
     """`clients` concurrent requests spread over `processes` client processes: decoding the
     responses (the SDK turns each row into Python floats) takes one process's full time long
     before a fast server is busy."""
@@ -111,11 +131,12 @@ def drive(base_url: str, model: str, pooling: str | None, batches: list[list[str
     shares = [batches[i::processes] for i in range(processes)]
     per_process = [clients // processes + (i < clients % processes) for i in range(processes)]
     jobs = [
-        (base_url, model, pooling, share, n) for share, n in zip(shares, per_process, strict=True)
+        (base_url, model, pooling, share, n, raw_base64)
+        for share, n in zip(shares, per_process, strict=True)
     ]
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(processes, mp_context=context) as pool:
-        warm_up = [(base_url, model, pooling, [batches[0][:1]], 1)] * processes
+        warm_up = [(base_url, model, pooling, [batches[0][:1]], 1, raw_base64)] * processes
         list(pool.map(run_client_process, warm_up))  # every process up and imported
         started = time.perf_counter()
         outcomes = list(pool.map(run_client_process, jobs))
@@ -143,8 +164,15 @@ def start_server(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]
         "EMBEDX_MAX_CONCURRENT_REQUESTS": str(args.clients),
         "EMBEDX_LOG_LEVEL": "warning",
     }
-    profiler = ["-m", "cProfile", "-o", args.profile_server] if args.profile_server else []
-    server = subprocess.Popen([sys.executable, *profiler, "-m", "embedx", "serve"], env=env)
+    command = ["-m", "embedx", "serve"]
+    if args.profile_server:  # every thread's stacks, sampled
+        command = [
+            str(Path(__file__).parent / "stack_sampler.py"),
+            args.profile_server,
+            "embedx",
+            "serve",
+        ]
+    server = subprocess.Popen([sys.executable, *command], env=env)
     import httpx
 
     deadline = time.monotonic() + 120
@@ -168,7 +196,14 @@ def main() -> None:
     parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
     parser.add_argument("--max-batch-tokens", type=int, default=262144)
     parser.add_argument("--tiny", action="store_true", help="tiny random shapes (host overhead)")
-    parser.add_argument("--profile-server", metavar="FILE", help="run the server under cProfile")
+    parser.add_argument(
+        "--raw-base64",
+        action="store_true",
+        help="ask for base64 explicitly and decode with numpy (the SDK then leaves rows alone)",
+    )
+    parser.add_argument(
+        "--profile-server", metavar="FILE", help="sample the server's stacks into FILE"
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     corpus = load_corpus(args.corpus, repeat=4)
@@ -188,7 +223,7 @@ def main() -> None:
         try:
             processes = min(args.client_processes, args.clients)
             url = f"http://127.0.0.1:{port}/v1"
-            served = drive(url, model, pooling, batches, args.clients, processes)
+            served = drive(url, model, pooling, batches, args.clients, processes, args.raw_base64)
         finally:
             server.terminate()
             server.wait(60)
@@ -199,6 +234,7 @@ def main() -> None:
         "client_processes": min(args.client_processes, args.clients),
         "texts_per_request": args.batch,
         "encoding_format": "base64",
+        "decoded_by": "numpy, in the client" if args.raw_base64 else "the SDK, into floats",
         "library": library,
         "server": served,
         "server_vs_library": served["tokens_per_s"] / library["tokens_per_s"],

@@ -21,7 +21,7 @@ single)
     python3 summarize.py "$out/throughput-$model.json"
   done
   for model in ${MIXED:-minilm bert-large}; do
-    timeout 150 $cores python3 mixed.py $model --devices 0,cpu --out "$out/mixed-$model-gpu-cpu.json" \
+    timeout 150 $cores python3 mixed.py $model --devices 0,cpu --runs 5 --out "$out/mixed-$model-gpu-cpu.json" \
       >"$out/mixed-$model-gpu-cpu.log" 2>&1
     python3 summarize.py "$out/mixed-$model-gpu-cpu.json"
   done
@@ -49,10 +49,13 @@ load)
   printf '[models."sentence-transformers/all-MiniLM-L6-v2"]\nsource = "%s"\npooling = "mean"\nmax_seq_len = 256\n' \
     "$(cd .. && pwd)/.carry/minilm-fp16" > /tmp/models.toml
   export EMBEDX_MODELS_FILE=/tmp/models.toml
-  for processes in ${CLIENT_PROCESSES:-4}; do
-    timeout 200 $cores python3 load.py --clients 32 --client-processes $processes \
-      --out "$out/load-minilm-$processes-client-processes.json" >"$out/load-minilm-$processes.log" 2>&1
-    python3 summarize.py "$out/load-minilm-$processes-client-processes.json"
+  # the SDK's default (it asks for base64 and makes Python floats of every row), then
+  # clients that ask for base64 themselves and decode with numpy
+  for decoding in sdk raw-base64; do
+    flag=$([ $decoding = raw-base64 ] && echo --raw-base64)
+    timeout 200 $cores python3 load.py --clients 32 --client-processes 4 $flag \
+      --out "$out/load-minilm-$decoding.json" >"$out/load-minilm-$decoding.log" 2>&1
+    python3 summarize.py "$out/load-minilm-$decoding.json"
   done
   ;;
 esac
