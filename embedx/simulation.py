@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from embedx.batching import Cut, End, Item, Job, LengthBuckets
+from embedx.models.tokenizer import chunk_bounds
 from embedx.scheduler import ConvergingQueue
 
 
@@ -36,6 +37,19 @@ class FakeDevice:
 @dataclass(frozen=True, slots=True)
 class Arrival:
     at: float
+    lengths: tuple[int, ...]
+    # None: every item is queued at `at`. Else tokens/s at which the tokenizer queues them,
+    # in the engine's chunks, the queue told that feeding goes on until the last one.
+    feed_rate: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """Items start:stop of a fed job, queued when the tokenizer would have them."""
+
+    job: Job
+    start: int
+    stop: int
     lengths: tuple[int, ...]
 
 
@@ -100,15 +114,32 @@ def simulate_converging(
                     result.item_waits.append(now - item.enqueued_at)
                 heapq.heappush(events, (finish, next(order), "finish", claim))
 
+    def arrive(arrival: Arrival) -> None:
+        job = Job(len(arrival.lengths))
+        job.submitted_at = now
+        job.out = [0] * len(arrival.lengths)
+        jobs.append(job)
+        if arrival.feed_rate is None:
+            queue.submit(job, [Item(job, i, n) for i, n in enumerate(arrival.lengths)])
+            return
+        queue.feeding_started()
+        fed = 0
+        for start, stop in chunk_bounds(len(arrival.lengths)):
+            fed += sum(arrival.lengths[start:stop])
+            chunk = _Chunk(job, start, stop, arrival.lengths)
+            heapq.heappush(events, (now + fed / arrival.feed_rate, next(order), "chunk", chunk))
+
     while events:
         now, _, kind, payload = heapq.heappop(events)
         if kind == "arrive":
             assert isinstance(payload, Arrival)
-            job = Job(len(payload.lengths))
-            job.submitted_at = now
-            job.out = [0] * len(payload.lengths)
-            jobs.append(job)
-            queue.submit(job, [Item(job, i, n) for i, n in enumerate(payload.lengths)])
+            arrive(payload)
+        elif isinstance(payload, _Chunk):
+            chunk, lengths = payload, payload.lengths
+            items = [Item(chunk.job, i, lengths[i]) for i in range(chunk.start, chunk.stop)]
+            queue.submit(chunk.job, items)
+            if chunk.stop == len(lengths):
+                queue.feeding_done()
         else:
             claim = payload
             name = claim.device.name  # type: ignore[attr-defined]

@@ -267,3 +267,19 @@ def test_a_host_cpu_too_slow_to_matter_sits_out_until_the_accelerators_are_gone(
     assert queue.claim(gpu) is not None
     queue.quarantine(gpu, "lost (test)")
     assert queue.claim(cpu) is not None
+
+
+def test_texts_fed_slower_than_the_devices_finish_soon_after_the_last_chunk_arrives() -> None:
+    # The tokenizer, not the devices, sets the pace: once the last chunk is queued, the two
+    # devices share it (plus a few batches' fixed costs), and every text runs once.
+    from embedx.models.tokenizer import chunk_bounds
+
+    lengths = tuple([12, 40, 90, 250, 512] * 4000)
+    rate, fixed, feed_rate = 9e5, 0.005, 8e5
+    devices = [FakeDevice(f"gpu{i}", rate, fixed, 65536, 2) for i in range(2)]
+    result = simulate_converging(devices, [Arrival(0.0, lengths, feed_rate)])
+    start, stop = chunk_bounds(len(lengths))[-1]
+    last_chunk = sum(lengths[start:stop])
+    fed_by = sum(lengths) / feed_rate
+    assert result.makespan <= fed_by + last_chunk / (2 * rate) + 8 * fixed
+    assert all(count == 1 for count in result.delivered[0])
