@@ -3,9 +3,13 @@
     python bench/stack_sampler.py OUT MODULE [ARG ...]
 
 Runs MODULE as `python -m MODULE ARG ...` would, while a background thread records each
-thread's Python stack every millisecond. At exit (SIGTERM included) OUT gets, per thread,
-the functions most often on top of the stack (self) and anywhere on it (inclusive).
-Unlike cProfile it sees every thread and costs the sampled code nothing between samples.
+thread's Python stack about every millisecond. At exit (SIGTERM included) OUT gets, per
+thread, the functions most often on top of the stack (self) and anywhere on it (inclusive).
+Unlike cProfile it sees every thread and Python code called from C (an event loop's
+callbacks). Read shares, not times: the interpreter's switch interval is shortened so a
+busy thread lets the sampler in, which slows the process a little; and time in C shows as
+the Python function that called it (an idle uvloop and its own work both show as
+`runners.py:run`).
 """
 
 from __future__ import annotations
