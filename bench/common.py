@@ -75,6 +75,27 @@ def environment() -> dict[str, Any]:
     return info
 
 
+def batch_sizes(engine: Any) -> dict[str, list[int]]:
+    """Per device, how many batches so far fell in each token bucket (the engine's histogram)."""
+    return {w.slot.name: list(w.batch_tokens.counts) for w in engine.workers}
+
+
+def batch_size_change(engine: Any, before: dict[str, list[int]], runs: int = 1) -> dict[str, Any]:
+    """Batches per run by size since `before`, keyed "<=BOUND" tokens, for each device."""
+    from embedx.telemetry import TOKEN_BUCKETS
+
+    labels = [f"<={bound}" for bound in TOKEN_BUCKETS] + [f">{TOKEN_BUCKETS[-1]}"]
+    now = batch_sizes(engine)
+    return {
+        name: {
+            label: round((after - was) / runs, 1)
+            for label, after, was in zip(labels, counts, before[name], strict=True)
+            if after != was
+        }
+        for name, counts in now.items()
+    }
+
+
 def write_json(result: dict[str, Any], out: str | None) -> None:
     text = json.dumps(result, indent=2)
     if out:

@@ -19,7 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import DEFAULT_CORPUS, environment, load_corpus, write_json
+from common import (
+    DEFAULT_CORPUS,
+    batch_size_change,
+    batch_sizes,
+    environment,
+    load_corpus,
+    write_json,
+)
 from throughput import model_directory
 
 
@@ -44,10 +51,12 @@ async def open_engine(directory: Path, pooling: str, length: int, devices: str, 
 async def converging(engine: Any, texts: list[str]) -> dict[str, Any]:
     """One timed embed of every text, with each device's share, busy time and end idle."""
     before = {w.slot.name: (w.slot.tokens_done, w.slot.busy_s) for w in engine.workers}
+    sizes_before = batch_sizes(engine)
     started = time.monotonic()
     result = await engine.embed(texts)
     ended = time.monotonic()
     devices = {}
+    sizes = batch_size_change(engine, sizes_before)
     for worker in engine.workers:
         slot = worker.slot
         tokens = slot.tokens_done - before[slot.name][0]
@@ -58,6 +67,7 @@ async def converging(engine: Any, texts: list[str]) -> dict[str, Any]:
             "busy_s": round(slot.busy_s - before[slot.name][1], 3),
             "end_idle_s": round(ended - (last or started), 4),
             "tokens_per_s_measured": round(slot.effective_rate()),
+            "batches_by_tokens": sizes[slot.name],
         }
     return {"makespan_s": ended - started, "tokens": result.tokens, "devices": devices}
 

@@ -23,7 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import DEFAULT_CORPUS, DEFAULT_REPEAT, environment, load_corpus, sample, write_json
+from common import (
+    DEFAULT_CORPUS,
+    DEFAULT_REPEAT,
+    batch_size_change,
+    batch_sizes,
+    environment,
+    load_corpus,
+    sample,
+    write_json,
+)
 
 from embedx.models.random_init import SHAPES
 
@@ -110,6 +119,7 @@ async def run_embedx(
     try:
         await engine.embed(texts)  # warm-up, as the peers get: allocations, page faults
         before = {d["device"]: d for d in engine.describe()["devices"]}
+        sizes_before = batch_sizes(engine)
         padded_before = engine.queue.padding_tokens
         _peak_reset(args.device)
         runs = []
@@ -122,7 +132,9 @@ async def run_embedx(
         padded = (engine.queue.padding_tokens - padded_before) // len(runs)
         if described["implementation"] != "transformers":
             padded = 0  # packed batches: padding only bounds the cut, nothing computes it
+        sizes = batch_size_change(engine, sizes_before, len(runs))
         for device in described["devices"]:
+            device["batches_by_tokens"] = sizes[device["device"]]
             for key in ("tokens", "batches", "busy_s"):
                 change = (device[key] - before[device["device"]][key]) / len(runs)
                 device[key] = round(change, 3)
