@@ -138,7 +138,10 @@ class TextTokenizer:
         lengths = list(map(len, encodings))
         total = sum(lengths)
         ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int32, total)
-        truncated = [i for i, e in enumerate(encodings) if e.overflowing]
+        # Only a text cut to the full length can have been cut: ask just those (asking every
+        # encoding builds a Python list for each).
+        full = self.max_seq_len
+        truncated = [i for i, n in enumerate(lengths) if n == full and encodings[i].overflowing]
         if truncated and not truncate:
             raise InputTooLong(
                 f"input {offset + truncated[0]} is longer than this model's "
