@@ -1,5 +1,6 @@
-"""Texts to token ids with the model's fast tokenizer: templates, truncation (counted), and
-batch encoding that runs off the event loop in Rust threads."""
+"""Texts to token ids with the model's fast tokenizer: truncation (counted), and batch
+encoding that runs off the event loop in Rust threads, one call at a time, shared by the
+requests that queue texts while it runs."""
 
 from __future__ import annotations
 
