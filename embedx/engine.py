@@ -54,14 +54,22 @@ class EngineState(enum.Enum):
     CLOSED = "closed"
 
 
-def _write_rows(job: Job, indices: np.ndarray, rows: np.ndarray) -> None:
-    """Put a batch's rows in their places in the job's output, normalized there if the job
-    wants unit vectors: done per batch, on the host, while the device runs the next one."""
-    if job.unit_rows:
+def _write_rows(job: Job, indices: np.ndarray, rows: np.ndarray, unit: bool) -> None:
+    """Put a batch's rows in their places in the job's output, normalized here if the job
+    wants unit vectors and the device did not already make them so (`unit`)."""
+    if job.unit_rows and not unit:
         norms = np.linalg.norm(rows, axis=1, keepdims=True)
         job.out[indices] = rows / np.maximum(norms, 1e-12)
     else:
         job.out[indices] = rows
+
+
+def _all_want_unit_rows(items: Sequence[Item]) -> bool:
+    """Whether every job in a batch wants unit vectors, so the device can normalize it."""
+    first = items[0].job
+    if all(item.job is first for item in items):  # the common case: one request
+        return first.unit_rows
+    return all(item.job.unit_rows for item in items)
 
 
 def _by_job(items: Sequence[Item]) -> list[tuple[Job, np.ndarray, np.ndarray]]:
@@ -124,10 +132,15 @@ class Replica:
     def pack(self, token_ids: Sequence[np.ndarray], slot: int) -> HostBatch:
         return pack(token_ids, self.staging[slot] if self.staging else None)
 
-    def run(self, host: HostBatch, slot: int) -> torch.Tensor:
-        """Enqueue one batch (on the accelerator's stream): its vectors land in host memory."""
+    def run(self, host: HostBatch, slot: int, unit: bool = False) -> torch.Tensor:
+        """Enqueue one batch (on the accelerator's stream): its vectors, L2-normalized if
+        `unit`, land in host memory."""
+        import torch.nn.functional as F
+
         batch = to_device(host, self.accelerator.device)
         vectors = self.model.forward(batch)  # (B, D) float32 on the device
+        if unit:  # on the device: the host thread has every other batch to feed
+            vectors = F.normalize(vectors, dim=1, eps=1e-12)
         if not self.staging:
             return vectors
         out = self.staging[slot].output(*vectors.shape)
@@ -148,20 +161,21 @@ class DeviceWorker:
 
     async def run(self) -> None:
         accelerator = self.replica.accelerator
-        inflight: list[tuple[Claim, Any]] = []
+        inflight: list[tuple[Claim, Any, bool]] = []
         try:
             while self.slot.active:
                 while len(inflight) < accelerator.max_inflight:
                     claim = self.queue.claim(self.slot)
                     if claim is None:
                         break
-                    launched = self._launch(claim)
+                    unit = _all_want_unit_rows(claim.items)
+                    launched = self._launch(claim, unit)
                     if launched is not None:
-                        inflight.append((claim, launched))
+                        inflight.append((claim, launched, unit))
                 if not inflight:
                     await self.queue.wait_for_work(self.slot)
                     continue
-                claim, launched = inflight[0]
+                claim, launched, unit = inflight[0]
                 deadline = max(self.engine.options.batch_timeout_s, HANG_FACTOR * claim.expected_s)
                 try:
                     output, seconds = await accelerator.result(launched, deadline)
@@ -174,20 +188,20 @@ class DeviceWorker:
                     self._failed(claim, exc)
                     continue
                 inflight.pop(0)
-                self._deliver(claim, output, seconds)
+                self._deliver(claim, output, seconds, unit)
         finally:
             # Cancelled or quarantined: what this worker still holds goes back to the queue.
-            for claim, _ in inflight:
+            for claim, _, _ in inflight:
                 self.queue.release(claim)
 
-    def _launch(self, claim: Claim) -> Any:
+    def _launch(self, claim: Claim, unit: bool) -> Any:
         # With at most max_inflight batches out, the slot used max_inflight launches ago
         # belongs to a batch that is done.
         slot = self._launches % self.replica.accelerator.max_inflight
         self._launches += 1
         try:
             host = self.replica.pack([item.ids for item in claim.items], slot)
-            return self.replica.accelerator.launch(lambda: self.replica.run(host, slot))
+            return self.replica.accelerator.launch(lambda: self.replica.run(host, slot, unit))
         except Exception as exc:
             self.replica.accelerator.synchronize()  # its copies may still read the slot
             self._failed(claim, exc)
@@ -205,7 +219,7 @@ class DeviceWorker:
         )
         self.queue.fail(claim, exc, out_of_memory=oom)
 
-    def _deliver(self, claim: Claim, output: torch.Tensor, seconds: float) -> None:
+    def _deliver(self, claim: Claim, output: torch.Tensor, seconds: float, unit: bool) -> None:
         if not self.queue.holds(claim):
             return  # revoked: the device was quarantined, others ran these items
         rows = output.numpy()  # (B, D) host memory: pinned staging, valid until the next launch
@@ -214,10 +228,10 @@ class DeviceWorker:
         if all(item.job is first for item in items):  # the common case: one request
             if not first.cancelled:
                 indices = np.fromiter((item.index for item in items), np.intp, len(items))
-                _write_rows(first, indices, rows)
+                _write_rows(first, indices, rows, unit)
         else:
             for job, indices, picked in _by_job(items):
-                _write_rows(job, indices, rows[picked])
+                _write_rows(job, indices, rows[picked], unit)
         self.batch_tokens.observe(claim.tokens)
         self.queue.complete(claim, seconds)
 

@@ -97,9 +97,18 @@ async def test_matryoshka_dimensions_and_normalize_options(
         raw = await engine.embed(reference_texts[:8], EmbedOptions(normalize=False))
         with pytest.raises(UnsupportedDimensions):
             await engine.embed(reference_texts[:1], EmbedOptions(dimensions=385))
+        # at once, so they share batches: one wants unit rows, the other raw ones to cut
+        full, cut = await asyncio.gather(
+            engine.embed(reference_texts[:40]),
+            engine.embed(reference_texts[:40], EmbedOptions(dimensions=64)),
+        )
     expected = st_reference[:8, :64]
     expected = expected / np.linalg.norm(expected, axis=1, keepdims=True)
     assert np.abs(short.vectors - expected).max() < 1e-5
+    assert np.abs(full.vectors - st_reference[:40]).max() < 1e-5
+    expected = st_reference[:40, :64]
+    expected = expected / np.linalg.norm(expected, axis=1, keepdims=True)
+    assert np.abs(cut.vectors - expected).max() < 1e-5
     # MiniLM has a Normalize module: its vectors are unit length either way
     assert np.allclose(np.linalg.norm(raw.vectors, axis=1), 1.0, atol=1e-5)
 
@@ -247,3 +256,28 @@ def test_engine_module_has_no_http(tmp_path: Path) -> None:
     source = Path(engine_module.__file__).read_text()
     assert "blacksheep" not in source
     assert "granian" not in source
+
+
+async def test_requests_sharing_a_batch_each_get_the_normalization_they_asked_for(
+    make_engine: Callable[..., Any], tiny_models: dict[str, Path], reference_texts: list[str]
+) -> None:
+    texts = reference_texts[:40]
+    async with make_engine(("cpu",), model_dir=tiny_models["bert-base"], max_seq_len=64) as engine:
+        alone = (await engine.embed(texts, EmbedOptions(normalize=False))).vectors
+        # the two requests queue while a first, slow batch runs, so they share the next ones
+        wrap(engine, "cpu", rate=1e9, fixed_s=0.3)
+        busy = asyncio.create_task(engine.embed(["keeps the device busy"]))
+        for _ in range(100):
+            if engine.queue.devices[0].inflight:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.queue.devices[0].inflight
+        unit, raw = await asyncio.gather(
+            engine.embed(texts, EmbedOptions(normalize=True)),
+            engine.embed(texts, EmbedOptions(normalize=False)),
+        )
+        await busy
+    assert not np.allclose(np.linalg.norm(alone, axis=1), 1.0)  # this model has no Normalize
+    assert np.allclose(raw.vectors, alone, atol=1e-5)
+    expected = alone / np.linalg.norm(alone, axis=1, keepdims=True)
+    assert np.allclose(unit.vectors, expected, atol=1e-5)
