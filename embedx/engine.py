@@ -64,12 +64,20 @@ def _write_rows(job: Job, indices: np.ndarray, rows: np.ndarray, unit: bool) -> 
         job.out[indices] = rows
 
 
-def _all_want_unit_rows(items: Sequence[Item]) -> bool:
-    """Whether every job in a batch wants unit vectors, so the device can normalize it."""
+def _sole_job(items: Sequence[Item]) -> Job | None:
+    """The one request every text of a batch belongs to (the common case), or None."""
     first = items[0].job
-    if all(item.job is first for item in items):  # the common case: one request
-        return first.unit_rows
-    return all(item.job.unit_rows for item in items)
+    return first if all(item.job is first for item in items) else None
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A launched batch, with what its delivery needs to know about its requests."""
+
+    claim: Claim
+    launched: Any
+    sole_job: Job | None  # the one request of all its texts, if there is just one
+    unit: bool  # every request wants unit vectors, so the device normalized the rows
 
 
 def _by_job(items: Sequence[Item]) -> list[tuple[Job, np.ndarray, np.ndarray]]:
@@ -161,24 +169,26 @@ class DeviceWorker:
 
     async def run(self) -> None:
         accelerator = self.replica.accelerator
-        inflight: list[tuple[Claim, Any, bool]] = []
+        inflight: list[_InFlight] = []
         try:
             while self.slot.active:
                 while len(inflight) < accelerator.max_inflight:
                     claim = self.queue.claim(self.slot)
                     if claim is None:
                         break
-                    unit = _all_want_unit_rows(claim.items)
+                    sole = _sole_job(claim.items)
+                    unit = sole.unit_rows if sole else all(i.job.unit_rows for i in claim.items)
                     launched = self._launch(claim, unit)
                     if launched is not None:
-                        inflight.append((claim, launched, unit))
+                        inflight.append(_InFlight(claim, launched, sole, unit))
                 if not inflight:
                     await self.queue.wait_for_work(self.slot)
                     continue
-                claim, launched, unit = inflight[0]
+                batch = inflight[0]
+                claim = batch.claim
                 deadline = max(self.engine.options.batch_timeout_s, HANG_FACTOR * claim.expected_s)
                 try:
-                    output, seconds = await accelerator.result(launched, deadline)
+                    output, seconds = await accelerator.result(batch.launched, deadline)
                 except DeviceHung as exc:
                     log.error("%s", exc)
                     self.queue.quarantine(self.slot, str(exc))
@@ -188,11 +198,11 @@ class DeviceWorker:
                     self._failed(claim, exc)
                     continue
                 inflight.pop(0)
-                self._deliver(claim, output, seconds, unit)
+                self._deliver(batch, output, seconds)
         finally:
             # Cancelled or quarantined: what this worker still holds goes back to the queue.
-            for claim, _, _ in inflight:
-                self.queue.release(claim)
+            for batch in inflight:
+                self.queue.release(batch.claim)
 
     def _launch(self, claim: Claim, unit: bool) -> Any:
         # With at most max_inflight batches out, the slot used max_inflight launches ago
@@ -219,19 +229,20 @@ class DeviceWorker:
         )
         self.queue.fail(claim, exc, out_of_memory=oom)
 
-    def _deliver(self, claim: Claim, output: torch.Tensor, seconds: float, unit: bool) -> None:
+    def _deliver(self, batch: _InFlight, output: torch.Tensor, seconds: float) -> None:
+        claim = batch.claim
         if not self.queue.holds(claim):
             return  # revoked: the device was quarantined, others ran these items
         rows = output.numpy()  # (B, D) host memory: pinned staging, valid until the next launch
         items = claim.items
-        first = items[0].job
-        if all(item.job is first for item in items):  # the common case: one request
-            if not first.cancelled:
+        sole = batch.sole_job
+        if sole is not None:
+            if not sole.cancelled:
                 indices = np.fromiter((item.index for item in items), np.intp, len(items))
-                _write_rows(first, indices, rows, unit)
+                _write_rows(sole, indices, rows, batch.unit)
         else:
             for job, indices, picked in _by_job(items):
-                _write_rows(job, indices, rows[picked], unit)
+                _write_rows(job, indices, rows[picked], batch.unit)
         self.batch_tokens.observe(claim.tokens)
         self.queue.complete(claim, seconds)
 
