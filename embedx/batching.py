@@ -50,19 +50,23 @@ class Job:
     __slots__ = (
         "cancelled",
         "error",
+        "fed",
         "finished_at",
         "future",
         "out",
         "pending_items",
         "pending_tokens",
         "remaining",
+        "size",
         "submitted_at",
         "tokens",
         "unit_rows",
     )
 
     def __init__(self, size: int, *, future: asyncio.Future[None] | None = None) -> None:
+        self.size = size
         self.remaining = size
+        self.fed = 0  # texts queued so far: all of them once tokenization is done
         self.tokens = 0
         self.pending_items = 0
         self.pending_tokens = 0

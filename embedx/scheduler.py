@@ -166,7 +166,7 @@ class ConvergingQueue:
         self.padding_tokens = 0
         self.queue_wait = Histogram(LATENCY_BUCKETS_S)
         self.closed = False
-        self.feeding = 0  # jobs still being tokenized and submitted
+        self._feeding: dict[int, Job] = {}  # jobs still being tokenized and submitted
 
     # -- devices -------------------------------------------------------------------------
 
@@ -227,18 +227,34 @@ class ConvergingQueue:
             tokens += item.length
             buckets.push(item)
         job.tokens += tokens
+        job.fed += len(items)
         job.pending_items += len(items)
         job.pending_tokens += tokens
         self.pending_items += len(items)
         self.pending_tokens += tokens
         self._wake_all()
 
-    def feeding_started(self) -> None:
-        self.feeding += 1
+    def feeding_started(self, job: Job) -> None:
+        """The job's texts will be submitted chunk by chunk until `feeding_done`."""
+        self._feeding[id(job)] = job
 
-    def feeding_done(self) -> None:
-        self.feeding -= 1
+    def feeding_done(self, job: Job) -> None:
+        self._feeding.pop(id(job), None)
         self._wake_all()
+
+    @property
+    def feeding(self) -> int:
+        """Jobs still being tokenized and submitted."""
+        return len(self._feeding)
+
+    def unfed_tokens(self) -> float:
+        """An estimate of the tokens still to be submitted: each feeding job's texts not yet
+        queued, at the mean length of those it queued."""
+        total = 0.0
+        for job in self._feeding.values():
+            if job.fed and not job.cancelled:
+                total += (job.size - job.fed) * job.tokens / job.fed
+        return total
 
     def cancel(self, job: Job) -> None:
         """Drop a job's pending items (they are skipped when a claim reaches them)."""
@@ -315,7 +331,9 @@ class ConvergingQueue:
         if not others:
             return budget
         now = self.clock()
-        remaining = float(self.pending_tokens)
+        # While texts are still being tokenized, the end is not near: what is queued now is
+        # only part of the work, and balancing it as if it were all would cut tiny batches.
+        remaining = self.pending_tokens + self.unfed_tokens()
         start = self._free_at(device, now) + device.speed.fixed
 
         def mine(tokens: float) -> float:

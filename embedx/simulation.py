@@ -122,7 +122,7 @@ def simulate_converging(
         if arrival.feed_rate is None:
             queue.submit(job, [Item(job, i, n) for i, n in enumerate(arrival.lengths)])
             return
-        queue.feeding_started()
+        queue.feeding_started(job)
         fed = 0
         for start, stop in chunk_bounds(len(arrival.lengths)):
             fed += sum(arrival.lengths[start:stop])
@@ -139,7 +139,7 @@ def simulate_converging(
             items = [Item(chunk.job, i, lengths[i]) for i in range(chunk.start, chunk.stop)]
             queue.submit(chunk.job, items)
             if chunk.stop == len(lengths):
-                queue.feeding_done()
+                queue.feeding_done(chunk.job)
         else:
             claim = payload
             name = claim.device.name  # type: ignore[attr-defined]

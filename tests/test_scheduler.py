@@ -246,15 +246,37 @@ def test_a_slow_device_sits_out_when_it_would_finish_last() -> None:
     assert result.makespan <= alone.makespan * 1.001
 
 
+@pytest.mark.parametrize("feeding", [True, False])
+def test_the_end_game_counts_the_texts_still_being_tokenized(feeding: bool) -> None:
+    # Two equal devices and the first tenth of a long request queued. Balanced as if it were
+    # all the work, it is halved between them; while the rest is still being tokenized, the
+    # end is not near and a device takes everything queued (real GPUs, whose feeding ran
+    # slower than their claims, were cut down to batches of 11 tokens this way).
+    queue = ConvergingQueue(clock=Clock())
+    first = queue.add_device("first", budget=10_000, rate=1e6)
+    queue.add_device("second", budget=10_000, rate=1e6)
+    job = Job(1000 if feeding else 100)
+    if feeding:
+        queue.feeding_started(job)
+    queue.submit(job, [Item(job, i, 10) for i in range(100)])
+    claim = queue.claim(first)
+    assert claim is not None
+    if feeding:
+        assert claim.tokens == 1000
+        assert queue.unfed_tokens() == pytest.approx(9000)
+    else:
+        assert claim.tokens <= 600
+
+
 def test_a_device_on_the_host_cpu_waits_while_texts_are_still_being_tokenized() -> None:
     queue = ConvergingQueue(clock=Clock())
     gpu = queue.add_device("gpu", budget=100, rate=1e7)
     cpu = queue.add_device("cpu", budget=100, rate=1e6, shares_host=True)
-    job_of(queue, [10] * 50)
-    queue.feeding_started()
+    job = job_of(queue, [10] * 50)
+    queue.feeding_started(job)
     assert queue.claim(cpu) is None
     assert queue.claim(gpu) is not None
-    queue.feeding_done()
+    queue.feeding_done(job)
     assert queue.claim(cpu) is not None
 
 
