@@ -171,7 +171,10 @@ class Settings:
         16384, _int(1), "Cap on a batch's padded tokens (items x longest) on any device."
     )
     max_batch_items: int | None = _setting(
-        None, _optional(_int(1)), "Cap on the number of texts in one batch.", "unset"
+        None,
+        _optional(_int(1)),
+        "Cap on the number of texts in one batch (never above 32768).",
+        "unset",
     )
     device_weights: dict[str, float] = _setting(
         {},

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("embedx.engine")
 
 HANG_FACTOR = 20  # a batch taking this many times its expected time marks its device hung
+# FlashAttention launches a block row per text, and CUDA allows 65535: batches stay below.
+MAX_BATCH_TEXTS = 32768
 SMOKE_TEXT = "embedx smoke test: the quick brown fox jumps over the lazy dog."
 
 
@@ -264,7 +266,8 @@ class Engine:
         self.pooling = pooling
         self.options = options
         self.state = EngineState.LOADING
-        self.queue = ConvergingQueue(max_batch_items=options.max_batch_items)
+        texts = min(options.max_batch_items or MAX_BATCH_TEXTS, MAX_BATCH_TEXTS)
+        self.queue = ConvergingQueue(max_batch_items=texts)
         self.replicas: list[Replica] = []
         self.workers: list[DeviceWorker] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -399,6 +402,12 @@ class Engine:
             for width in sorted({min(w, length) for w in (8, 32, 128, 512, length)}):
                 for tokens in (budget // 32, budget // 8, budget // 2, budget):
                     await self._timed(replica, self._probe_batch(max(tokens, width), width))
+            if replica.model.one_row_per_text:  # every bucketed count of pooled rows
+                texts = 64
+                most = min(budget // 2, self.queue.max_batch_items or MAX_BATCH_TEXTS)
+                while texts <= max(64, most):  # texts have two tokens or more
+                    await self._timed(replica, self._probe_batch(2 * texts, 2))
+                    texts *= 2
         await self._timed(replica, small)  # warm-up: kernels, allocator
         points = []
         for batch in (small, large, small, large):
@@ -501,7 +510,7 @@ class Engine:
         the first chunk while the rest is still being tokenized. Returns how many texts were
         truncated."""
         truncated = 0
-        self.queue.feeding_started()
+        self.queue.feeding_started(job)
         try:
             chunks = self.tokenizer.encode_chunks(texts, truncate=truncate)
             async with contextlib.aclosing(chunks):
@@ -512,7 +521,7 @@ class Engine:
                         self.queue.submit(job, items)
                     truncated += encoded.truncated
         finally:
-            self.queue.feeding_done()
+            self.queue.feeding_done(job)
         return truncated
 
     # -- shutting down -------------------------------------------------------------------

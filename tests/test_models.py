@@ -31,10 +31,13 @@ CPU = torch.device("cpu")
 TEXTS = ["hello world", "a somewhat longer sentence, with more words in it", "x " * 40, "fox"]
 
 
-def forward(directory: Path, pooling: str, implementation: str, texts: list[str]) -> np.ndarray:
+def forward(
+    directory: Path, pooling: str, implementation: str, texts: list[str], bucketed: bool = False
+) -> np.ndarray:
     files = resolve(str(directory))
     ids = TextTokenizer(files, 64).encode_now(texts).views()
     model = EmbeddingModel(files, Pooling(pooling), CPU, "float32", implementation)
+    model.bucket_pooled_rows = bucketed  # what CUDA does
     return model.forward(to_device(pack(ids), CPU)).numpy()
 
 
@@ -221,6 +224,18 @@ def test_native_code_matches_transformers_on_cpu(tiny_models: dict[str, Path], s
     theirs = forward(tiny_models[shape], pooling, "transformers", TEXTS)
     assert np.abs(ours - theirs).max() < 1e-5
     assert np.abs(ours).max() > 0.1
+
+
+@pytest.mark.parametrize(("shape", "pooling"), [("bert-base", "cls"), ("qwen3-0.6b", "last_token")])
+@pytest.mark.parametrize("implementation", ["native", "transformers"])
+def test_pooled_rows_padded_to_a_bucket_give_the_same_vectors(
+    tiny_models: dict[str, Path], shape: str, pooling: str, implementation: str
+) -> None:
+    texts = TEXTS * 3  # not a power of two: the last layer runs on padded rows
+    plain = forward(tiny_models[shape], pooling, implementation, texts)
+    padded = forward(tiny_models[shape], pooling, implementation, texts, bucketed=True)
+    assert padded.shape == plain.shape == (len(texts), plain.shape[1])
+    assert np.abs(padded - plain).max() < 1e-5
 
 
 def test_qwen3_last_token_is_the_hidden_state_transformers_computes(

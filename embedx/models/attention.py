@@ -13,10 +13,12 @@ if TYPE_CHECKING:
 
     from embedx.models.packing import PackedBatch
 
-# (q (T, Hq, D), k (T, Hkv, D), v (T, Hkv, D), batch, causal, scale) -> (T, Hq, D).
-# Where q holds one row per text, (B, Hq, D), causal is False: that row sees its whole text.
+# (q, k (T, Hkv, D), v (T, Hkv, D), batch, causal, scale, one_per_text) -> like q.
+# q is (T, Hq, D), or with one_per_text a row per text, (B', Hq, D), that sees its whole
+# text (causal is then False); B' may exceed B (a bucketed count): rows past B come out 0.
 Attention = Callable[
-    ["torch.Tensor", "torch.Tensor", "torch.Tensor", "PackedBatch", bool, float], "torch.Tensor"
+    ["torch.Tensor", "torch.Tensor", "torch.Tensor", "PackedBatch", bool, float, bool],
+    "torch.Tensor",
 ]
 
 
@@ -35,19 +37,28 @@ def flash_varlen_attention(
     batch: PackedBatch,
     causal: bool,
     scale: float,
+    one_per_text: bool,
 ) -> torch.Tensor:
     """FlashAttention-2 over the packed rows: no padding, grouped KV heads handled natively."""
     import torch
 
     cu = batch.cu_seqlens
     cu_q, max_q = cu, batch.max_len
-    if q.shape[0] != k.shape[0]:  # one query per text
+    if one_per_text:
         cu_q, max_q = torch.arange(batch.count + 1, dtype=cu.dtype, device=cu.device), 1
     out = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu_q, cu, max_q, batch.max_len, 0.0, causal, False, scale=scale
-    )
-    result: torch.Tensor = out[0]
-    return result
+        q[: batch.count] if one_per_text else q,
+        k, v, cu_q, cu, max_q, batch.max_len, 0.0, causal, False, scale=scale,
+    )  # fmt: skip
+    return _rows_like(out[0], q)
+
+
+def _rows_like(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """`out` with zero rows appended up to q's row count (bucketed query rows)."""
+    import torch.nn.functional as F
+
+    extra = q.shape[0] - out.shape[0]
+    return F.pad(out, (0, 0, 0, 0, 0, extra)) if extra else out
 
 
 def padded_attention(
@@ -57,6 +68,7 @@ def padded_attention(
     batch: PackedBatch,
     causal: bool,
     scale: float,
+    one_per_text: bool,
 ) -> torch.Tensor:
     """Scatter the packed rows into a right-padded batch, run SDPA with a key mask, gather.
 
@@ -74,8 +86,7 @@ def padded_attention(
         out[where] = x
         return out.view(count, width, heads, dim).transpose(1, 2)  # (B, h, L, D)
 
-    one_per_text = q.shape[0] != k.shape[0]
-    qp = q.unsqueeze(2) if one_per_text else padded(q)  # (B, Hq, 1, D) or (B, Hq, L, D)
+    qp = q[:count].unsqueeze(2) if one_per_text else padded(q)  # (B, Hq, 1 or L, D)
     kp, vp = padded(k), padded(v)
     mask = None
     if not causal:
@@ -91,5 +102,5 @@ def padded_attention(
         enable_gqa=kp.shape[1] != qp.shape[1],
     )  # (B, Hq, L or 1, D)
     if one_per_text:
-        return out.squeeze(2)
+        return _rows_like(out.squeeze(2), q)
     return out.transpose(1, 2).reshape(count * width, q.shape[1], q.shape[2])[where]

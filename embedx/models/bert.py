@@ -170,9 +170,11 @@ class BertEncoder:
         for layer in self.layers:
             qkv = F.linear(x, layer.qkv_w, layer.qkv_b).view(tokens, 3, heads, head_dim)
             q, k, v = qkv.unbind(1)  # each (T, nh, hd)
-            if pooled is not None and layer is last:  # from here on, the pooled rows only
+            rows_only = pooled is not None and layer is last
+            if rows_only:  # from here on, the pooled rows only
                 q, x = q[pooled], x[pooled]
-            a = self.attention(q, k, v, batch, False, self.scale).reshape(-1, c.hidden)
+            a = self.attention(q, k, v, batch, False, self.scale, rows_only)
+            a = a.reshape(-1, c.hidden)
             x = self.ops.add_layer_norm(
                 F.linear(a, layer.out_w, layer.out_b), x, *layer.norm1, c.eps
             )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from embedx.errors import InvalidModel
 from embedx.models import bert, qwen3
-from embedx.models.pooling import Pooling, pool, pooled_rows
+from embedx.models.pooling import Pooling, bucketed, pool, pooled_rows
 from embedx.models.source import ModelFiles
 
 if TYPE_CHECKING:
@@ -139,6 +139,7 @@ class EmbeddingModel:
         self.one_row_per_text = pooling is Pooling.LAST_TOKEN or (
             pooling is Pooling.CLS and not self.encoder.causal
         )
+        self.bucket_pooled_rows = device.type == "cuda"  # see `bucketed`
         self.dense = [self._load_dense(layer.weights, layer.activation) for layer in files.dense]
         hidden = int(files.config.get("hidden_size") or files.config.get("d_model") or 0)
         self.dimensions = int(self.dense[-1].weight.shape[0]) if self.dense else hidden
@@ -163,7 +164,9 @@ class EmbeddingModel:
         with torch.inference_mode():
             rows = pooled_rows(batch.cu_seqlens, self.pooling) if self.one_row_per_text else None
             if rows is not None:  # the last layer runs only for the pooled tokens
-                vectors = self.encoder.forward(batch, rows).float()
+                if self.bucket_pooled_rows:
+                    rows = bucketed(rows)
+                vectors = self.encoder.forward(batch, rows)[: batch.count].float()
             else:
                 hidden = self.encoder.forward(batch)  # (T, H)
                 vectors = pool(

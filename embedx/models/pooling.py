@@ -36,6 +36,28 @@ def pooled_rows(cu_seqlens: torch.Tensor, pooling: Pooling) -> torch.Tensor | No
     return None
 
 
+def row_bucket(count: int) -> int:
+    """The power of two (64 at least) that `count` rows are padded to."""
+    return 1 << max(6, (count - 1).bit_length())
+
+
+def bucketed(rows: torch.Tensor) -> torch.Tensor:
+    """`rows` padded with copies of its last one to `row_bucket(len(rows))` entries.
+
+    On CUDA, cuBLAS makes the host wait for the device the first time it meets a matrix
+    shape (measured on an H200: a new row count blocked the launch until the stream was
+    idle). The pooled rows' count changes with every batch; a few bucketed counts, warmed
+    when the model loads, leave launches asynchronous.
+    """
+    import torch
+
+    count = rows.shape[0]
+    padded = row_bucket(count)
+    if padded == count:
+        return rows
+    return torch.cat((rows, rows[-1:].expand(padded - count)))
+
+
 def pool(
     hidden: torch.Tensor,  # (T, H): every text's token states, packed end to end
     cu_seqlens: torch.Tensor,  # (B + 1,) int32: text b owns rows cu[b]:cu[b + 1]

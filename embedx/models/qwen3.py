@@ -156,10 +156,10 @@ class Qwen3Encoder:
                 batch.positions, self.cos, self.sin, c.eps,
             )  # fmt: skip
             v = qkv[:, self.qk_width :].view(tokens, c.kv_heads, c.head_dim)
-            causal = True
-            if pooled is not None and i + 1 == len(self.layers):  # the pooled rows only
-                q, x, causal = q[pooled], x[pooled], False  # a last token sees its whole text
-            a = self.attention(q, k, v, batch, causal, self.scale)  # (T or B, nq, hd)
+            rows_only = pooled is not None and i + 1 == len(self.layers)
+            if rows_only:  # the pooled rows only: a last token sees its whole text
+                q, x = q[pooled], x[pooled]
+            a = self.attention(q, k, v, batch, not rows_only, self.scale, rows_only)
             attended = F.linear(a.reshape(-1, self.q_width), layer.o_w)
             x, h = ops.add_rms_norm(attended, x, layer.mlp_norm, c.eps)
             mlp = F.linear(ops.silu_mul(F.linear(h, layer.gate_up_w)), layer.down_w)
