@@ -154,11 +154,44 @@ def drive(
     with ProcessPoolExecutor(processes, mp_context=context) as pool:
         list(pool.map(run_client_process, jobs))  # warm-up: processes up, server warm
         for _ in range(passes):
+            before = _device_counters(base_url)
             started = time.perf_counter()
             outcomes = list(pool.map(run_client_process, jobs))
-            runs.append(_pass_figures(outcomes, time.perf_counter() - started))
+            seconds = time.perf_counter() - started
+            figures = _pass_figures(outcomes, seconds)
+            figures["devices"] = _device_change(before, _device_counters(base_url), seconds)
+            runs.append(figures)
     median = sorted(runs, key=lambda run: run["seconds"])[len(runs) // 2]
     return {**median, "runs_s": [round(run["seconds"], 4) for run in runs]}
+
+
+def _device_counters(base_url: str) -> dict[str, dict[str, float]]:
+    """Each device's batches, tokens and busy seconds so far, from the server's /info."""
+    import httpx
+
+    info = httpx.get(base_url.removesuffix("/v1") + "/info", timeout=10).json()
+    return {
+        device["device"]: {k: device[k] for k in ("batches", "tokens", "busy_s")}
+        for model in info["models"]
+        for device in model.get("devices", [])
+    }
+
+
+def _device_change(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], seconds: float
+) -> dict[str, dict[str, float]]:
+    """Per device over one pass: batches, mean tokens a batch, and the share of the pass
+    its batches kept it busy (low with requests waiting means the host did not feed it)."""
+    change = {}
+    for name, now in after.items():
+        was = before.get(name, {"batches": 0, "tokens": 0, "busy_s": 0.0})
+        batches = now["batches"] - was["batches"]
+        change[name] = {
+            "batches": batches,
+            "mean_batch_tokens": round((now["tokens"] - was["tokens"]) / max(1, batches)),
+            "busy_fraction": round((now["busy_s"] - was["busy_s"]) / seconds, 3),
+        }
+    return change
 
 
 def _pass_figures(

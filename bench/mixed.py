@@ -4,10 +4,11 @@
 
 MODEL as in throughput.py. Every policy embeds the same texts; makespan is the wall time of
 one `embed` call (tokenization included); the fastest device alone and the converging queue
-take turns, and each reports its median of --runs. For the converging queue: each device's share of
-the tokens and how long it sat idle before the last batch finished (its end idle). Static
-splits run one engine per device on a fixed share of the texts, concurrently: even, by
-static device score, and the best ratio found by search in hindsight (two devices).
+take turns, and each reports its median of --runs. For the converging queue: each device's
+share of the tokens and how long it sat idle before the last batch finished (its end idle).
+Static splits run one engine per device on a fixed share of the tokens (the longest texts
+to the first), concurrently: even, by static device score, and the best ratio found by
+search in hindsight (two devices).
 """
 
 from __future__ import annotations
@@ -89,15 +90,15 @@ async def alternating(engines: dict[str, Any], texts: list[str], runs: int) -> d
     return result
 
 
-async def static_split(engines: list[Any], texts: list[str], shares: list[float]) -> dict[str, Any]:
-    """Each engine embeds a fixed contiguous range of the length-sorted texts, concurrently."""
-    ordered = sorted(texts, key=len, reverse=True)
-    total = sum(shares)
-    parts, start = [], 0
-    for i, share in enumerate(shares):
-        end = len(ordered) if i == len(shares) - 1 else start + round(len(ordered) * share / total)
-        parts.append(ordered[start:end])
-        start = end
+async def static_split(
+    engines: list[Any], texts: list[str], shares: list[float], lengths: list[int]
+) -> dict[str, Any]:
+    """Each engine embeds a fixed contiguous range of the length-sorted texts, concurrently;
+    `shares` are shares of the tokens (`lengths` holds each text's), the first engine taking
+    the longest texts."""
+    from embedx.simulation import split_by_tokens
+
+    parts = [[texts[i] for i in part] for part in split_by_tokens(lengths, shares)]
     for engine, part in zip(engines, parts, strict=True):
         if part:
             await engine.embed(part[: max(1, len(part) // 20)])
@@ -111,10 +112,19 @@ async def static_split(engines: list[Any], texts: list[str], shares: list[float]
     finished = await asyncio.gather(*(run(e, p) for e, p in zip(engines, parts, strict=True)))
     makespan = max(finished) - started
     return {
-        "shares": [round(s / total, 4) for s in shares],
+        "token_shares": [round(s / sum(shares), 4) for s in shares],
         "makespan_s": makespan,
         "end_idle_s": [round(max(finished) - f, 4) for f in finished],
     }
+
+
+def token_lengths(directory: Path, length: int, texts: list[str]) -> list[int]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(length)
+    return [len(e.ids) for e in tokenizer.encode_batch_fast(texts)]
 
 
 async def measure(
@@ -139,14 +149,15 @@ async def measure(
         engines = [
             await open_engine(directory, pooling, length, k, args.max_batch_tokens) for k in keys
         ]
+        lengths = token_lengths(directory, length, texts)
         static: dict[str, Any] = {
-            "even": await static_split(engines, texts, [1.0] * len(keys)),
-            "by_score": await static_split(engines, texts, [scores[k] for k in keys]),
+            "even": await static_split(engines, texts, [1.0] * len(keys), lengths),
+            "by_score": await static_split(engines, texts, [scores[k] for k in keys], lengths),
         }
         if len(keys) == 2:
             trials = {}
             for share in args.oracle_grid:
-                trials[share] = await static_split(engines, texts, [share, 1 - share])
+                trials[share] = await static_split(engines, texts, [share, 1 - share], lengths)
             best = min(trials, key=lambda s: trials[s]["makespan_s"])
             static["best_in_hindsight"] = trials[best]
             static["search"] = {str(k): round(v["makespan_s"], 4) for k, v in trials.items()}
@@ -164,7 +175,7 @@ def main() -> None:
     parser.add_argument("--devices", required=True, help="the mixed set, fastest first, e.g. 0,cpu")
     parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--max-batch-tokens", type=int, default=65536)
+    parser.add_argument("--max-batch-tokens", type=int, default=262144)  # as throughput.py
     parser.add_argument("--runs", type=int, default=3, help="timed runs each; medians count")
     parser.add_argument("--static", action="store_true", help="also run the static splits")
     parser.add_argument("--oracle-grid", type=float, nargs="+",

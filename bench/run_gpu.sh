@@ -28,15 +28,21 @@ single)
   ;;
 two)
   for model in minilm bert-large; do
-    timeout 90 python3 throughput.py $model --devices 0,1 --skip transformers sentence_transformers \
-      --out "$out/throughput-$model-two-gpus.json" >"$out/throughput-$model-two-gpus.log" 2>&1
-    python3 summarize.py "$out/throughput-$model-two-gpus.json"
+    for devices in 0 0,1; do
+      name=$([ $devices = 0 ] && echo one-gpu || echo two-gpus)
+      timeout 120 python3 throughput.py $model --devices $devices --skip transformers sentence_transformers \
+        --out "$out/throughput-$model-$name.json" >"$out/throughput-$model-$name.log" 2>&1
+      python3 summarize.py "$out/throughput-$model-$name.json"
+    done
   done
+  # where the host's time goes with two GPUs: claims, launches, event-loop stalls
+  timeout 120 python3 timeline.py bert-large --devices 0,1 --out "$out/timeline-bert-large-two-gpus.json" \
+    >"$out/timeline-bert-large-two-gpus.log" 2>&1
   # two co-tenant processes share GPU 1 with us: time-slicing leaves us about a third of it
   python3 cotenant.py --device 1 --seconds 400 & python3 cotenant.py --device 1 --seconds 400 &
   sleep 5
   for model in bert-large minilm; do
-    timeout 150 python3 mixed.py $model --devices 0,1 --static --oracle-grid 0.55 0.65 0.75 0.85 \
+    timeout 200 python3 mixed.py $model --devices 0,1 --static --oracle-grid 0.55 0.65 0.75 0.85 \
       --note "GPU 1 shared with two co-tenant processes running bf16 8192^3 matrix products" \
       --out "$out/mixed-$model-cotenant.json" >"$out/mixed-$model-cotenant.log" 2>&1
     python3 summarize.py "$out/mixed-$model-cotenant.json"
@@ -49,13 +55,14 @@ load)
   printf '[models."sentence-transformers/all-MiniLM-L6-v2"]\nsource = "%s"\npooling = "mean"\nmax_seq_len = 256\n' \
     "$(cd .. && pwd)/.carry/minilm-fp16" > /tmp/models.toml
   export EMBEDX_MODELS_FILE=/tmp/models.toml
-  # the SDK's default (it asks for base64 and makes Python floats of every row), then
-  # clients that ask for base64 themselves and decode with numpy
-  for decoding in sdk raw-base64; do
+  # the SDK's default (it asks for base64 and makes Python floats of every row) at three
+  # concurrencies, then clients that ask for base64 themselves and decode with numpy
+  for run in sdk:32 sdk:64 sdk:128 raw-base64:128; do
+    decoding=${run%%:*} clients=${run#*:}
     flag=$([ $decoding = raw-base64 ] && echo --raw-base64)
-    timeout 200 $cores python3 load.py --clients 32 --client-processes 4 $flag \
-      --out "$out/load-minilm-$decoding.json" >"$out/load-minilm-$decoding.log" 2>&1
-    python3 summarize.py "$out/load-minilm-$decoding.json"
+    timeout 200 $cores python3 load.py --clients $clients --client-processes 4 --passes 2 $flag \
+      --out "$out/load-minilm-$decoding-$clients.json" >"$out/load-minilm-$decoding-$clients.log" 2>&1
+    python3 summarize.py "$out/load-minilm-$decoding-$clients.json"
   done
   ;;
 esac

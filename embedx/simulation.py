@@ -171,16 +171,7 @@ def static_split(
     longest, so each part pads as little as the converging queue's batches do; each device
     then cuts its part into budget batches.
     """
-    total_share = sum(shares)
-    total_tokens = sum(lengths)
-    parts: list[list[int]] = [[] for _ in devices]
-    part, given, bound = 0, 0, total_tokens * shares[0] / total_share
-    for length in sorted(lengths, reverse=True):
-        while part < len(devices) - 1 and given + length / 2 > bound:
-            part += 1
-            bound += total_tokens * shares[part] / total_share
-        parts[part].append(length)
-        given += length
+    parts = [[lengths[i] for i in part] for part in split_by_tokens(lengths, shares)]
     result = _empty_result(devices)
     for device, items in zip(devices, parts, strict=True):
         job = Job(len(items))
@@ -197,6 +188,21 @@ def static_split(
         result.last_finish[device.name] = clock
     result.makespan = max(result.last_finish.values())
     return result
+
+
+def split_by_tokens(lengths: Sequence[int], shares: Sequence[float]) -> list[list[int]]:
+    """Indices of the items, longest first, cut into contiguous parts holding `shares` of
+    the tokens: part i gets about shares[i] / sum(shares) of them."""
+    total_share, total_tokens = sum(shares), sum(lengths)
+    parts: list[list[int]] = [[] for _ in shares]
+    part, given, bound = 0, 0, total_tokens * shares[0] / total_share
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        while part < len(shares) - 1 and given + lengths[i] / 2 > bound:
+            part += 1
+            bound += total_tokens * shares[part] / total_share
+        parts[part].append(i)
+        given += lengths[i]
+    return parts
 
 
 def oracle_static_split(
