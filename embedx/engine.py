@@ -140,7 +140,8 @@ class Replica:
         self.staging = [Staging() for _ in range(accelerator.max_inflight)] if cuda else []
 
     def pack(self, token_ids: Sequence[np.ndarray], slot: int) -> HostBatch:
-        return pack(token_ids, self.staging[slot] if self.staging else None)
+        cuda = bool(self.staging)  # a GPU: see packing.token_rows
+        return pack(token_ids, self.staging[slot] if cuda else None, bucket=cuda)
 
     def run(self, host: HostBatch, slot: int, unit: bool = False) -> torch.Tensor:
         """Enqueue one batch (on the accelerator's stream): its vectors, L2-normalized if

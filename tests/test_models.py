@@ -22,7 +22,7 @@ from embedx.errors import (
 )
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.loader import EmbeddingModel, resolve_dtype
-from embedx.models.packing import pack, to_device
+from embedx.models.packing import BUCKETED_BELOW, pack, to_device, token_rows
 from embedx.models.pooling import Pooling, finish, pool
 from embedx.models.source import resolve
 from embedx.models.tokenizer import TextTokenizer
@@ -37,8 +37,8 @@ def forward(
     files = resolve(str(directory))
     ids = TextTokenizer(files, 64).encode_now(texts).views()
     model = EmbeddingModel(files, Pooling(pooling), CPU, "float32", implementation)
-    model.bucket_pooled_rows = bucketed  # what CUDA does
-    return model.forward(to_device(pack(ids), CPU)).numpy()
+    model.bucket_pooled_rows = bucketed  # what CUDA does, with the padded token rows
+    return model.forward(to_device(pack(ids, bucket=bucketed), CPU)).numpy()
 
 
 # -- where files come from -----------------------------------------------------------------
@@ -207,6 +207,27 @@ def test_a_normalize_module_applies_even_when_normalize_is_off() -> None:
     assert np.allclose(raw, vectors)
 
 
+def test_gpu_batches_below_the_threshold_pad_to_a_few_row_counts() -> None:
+    counts = range(1, BUCKETED_BELOW + 5000, 7)
+    padded = [token_rows(n) for n in counts]
+    assert all(0 <= r - n < max(16, n / 16) for n, r in zip(counts, padded, strict=True))
+    assert all(token_rows(n) == n for n in counts if n >= BUCKETED_BELOW)
+    assert len({r for n, r in zip(counts, padded, strict=True) if n < BUCKETED_BELOW}) < 260
+
+
+def test_a_padded_pack_keeps_the_texts_and_zeroes_the_rest() -> None:
+    ids = [np.array([5, 6, 7], np.int32), np.array([8, 9], np.int32)]
+    batch = to_device(pack(ids, bucket=True), CPU)
+    assert (batch.tokens, batch.count, batch.input_ids.shape[0]) == (5, 2, 16)
+    assert batch.input_ids[:5].tolist() == [5, 6, 7, 8, 9]
+    assert batch.positions[:5].tolist() == [0, 1, 2, 0, 1]
+    assert batch.segments[:5].tolist() == [0, 0, 0, 1, 1]
+    assert not batch.input_ids[5:].any()
+    assert not batch.positions[5:].any()
+    assert batch.cu_seqlens.tolist() == [0, 3, 5]
+    assert batch.padded_index.tolist() == [0, 1, 2, 3, 4]
+
+
 def test_dtype_auto_is_bf16_on_new_gpus_fp16_on_old_fp32_on_cpu() -> None:
     assert resolve_dtype("auto", cuda=True, bf16=True) == "bfloat16"
     assert resolve_dtype("auto", cuda=True, bf16=False) == "float16"
@@ -226,12 +247,16 @@ def test_native_code_matches_transformers_on_cpu(tiny_models: dict[str, Path], s
     assert np.abs(ours).max() > 0.1
 
 
-@pytest.mark.parametrize(("shape", "pooling"), [("bert-base", "cls"), ("qwen3-0.6b", "last_token")])
+@pytest.mark.parametrize(
+    ("shape", "pooling"),
+    [("bert-base", "cls"), ("xlm-roberta-large", "mean"), ("qwen3-0.6b", "last_token")],
+)
 @pytest.mark.parametrize("implementation", ["native", "transformers"])
-def test_pooled_rows_padded_to_a_bucket_give_the_same_vectors(
+def test_rows_padded_to_a_bucket_give_the_same_vectors(
     tiny_models: dict[str, Path], shape: str, pooling: str, implementation: str
 ) -> None:
-    texts = TEXTS * 3  # not a power of two: the last layer runs on padded rows
+    # 12 texts and a token count off the buckets: token rows and pooled rows are padded
+    texts = TEXTS * 3
     plain = forward(tiny_models[shape], pooling, implementation, texts)
     padded = forward(tiny_models[shape], pooling, implementation, texts, bucketed=True)
     assert padded.shape == plain.shape == (len(texts), plain.shape[1])

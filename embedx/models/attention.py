@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 # (q, k (T, Hkv, D), v (T, Hkv, D), batch, causal, scale, one_per_text) -> like q.
 # q is (T, Hq, D), or with one_per_text a row per text, (B', Hq, D), that sees its whole
-# text (causal is then False); B' may exceed B (a bucketed count): rows past B come out 0.
+# text (causal is then False). Rows past the real ones (B texts, or T tokens: bucketed
+# counts) are padding: they come out 0 or as whatever the kernel left there.
 Attention = Callable[
     ["torch.Tensor", "torch.Tensor", "torch.Tensor", "PackedBatch", bool, float, bool],
     "torch.Tensor",
@@ -54,7 +55,7 @@ def flash_varlen_attention(
 
 
 def _rows_like(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """`out` with zero rows appended up to q's row count (bucketed query rows)."""
+    """`out` with zero rows appended up to q's row count (bucketed rows)."""
     import torch.nn.functional as F
 
     extra = q.shape[0] - out.shape[0]
@@ -83,7 +84,7 @@ def padded_attention(
     def padded(x: torch.Tensor) -> torch.Tensor:
         heads, dim = x.shape[1], x.shape[2]
         out = x.new_zeros((count * width, heads, dim))
-        out[where] = x
+        out[where] = x[: batch.tokens]
         return out.view(count, width, heads, dim).transpose(1, 2)  # (B, h, L, D)
 
     qp = q[:count].unsqueeze(2) if one_per_text else padded(q)  # (B, Hq, 1 or L, D)
@@ -103,4 +104,4 @@ def padded_attention(
     )  # (B, Hq, L or 1, D)
     if one_per_text:
         return _rows_like(out.squeeze(2), q)
-    return out.transpose(1, 2).reshape(count * width, q.shape[1], q.shape[2])[where]
+    return _rows_like(out.transpose(1, 2).reshape(count * width, q.shape[1], q.shape[2])[where], q)

@@ -168,9 +168,10 @@ class EmbeddingModel:
                     rows = bucketed(rows)
                 vectors = self.encoder.forward(batch, rows)[: batch.count].float()
             else:
-                hidden = self.encoder.forward(batch)  # (T, H)
+                t = batch.tokens
+                hidden = self.encoder.forward(batch)[:t]  # (T, H): padding rows dropped
                 vectors = pool(
-                    hidden, batch.cu_seqlens, batch.segments, batch.lengths, self.pooling
+                    hidden, batch.cu_seqlens, batch.segments[:t], batch.lengths, self.pooling
                 )
             for layer in self.dense:
                 vectors = ACTIVATIONS[layer.activation](F.linear(vectors, layer.weight, layer.bias))

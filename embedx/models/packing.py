@@ -12,12 +12,31 @@ if TYPE_CHECKING:
     import torch
 
 
+# cuBLAS makes the host wait for the device the first time it meets a matrix shape, and
+# below this many rows most new shapes do (bench/gemm_shapes.py on an H200: 12 of 13 row
+# counts between 1,000 and 9,000, 1 of 12 above 100,000). So on a GPU a smaller batch is
+# padded to one of 16 sizes an octave: a bounded set of shapes, each waited for once.
+BUCKETED_BELOW = 131072
+
+
+def token_rows(tokens: int) -> int:
+    """The rows a GPU batch of `tokens` tokens is padded to (at most 1/16 more)."""
+    if tokens >= BUCKETED_BELOW:
+        return tokens
+    step = 1 << max(4, tokens.bit_length() - 5)
+    return -(-tokens // step) * step
+
+
 @dataclass(frozen=True, slots=True)
 class HostBatch:
-    """Token ids of B texts, packed, as one int32 array: ids | positions | segments | cu_seqlens."""
+    """Token ids of B texts, packed, as one int32 array: ids | positions | segments | cu_seqlens.
 
-    buffer: np.ndarray  # (3 * T + B + 1,) int32
+    The first three have R >= T rows: rows past T are padding (id 0, position 0), which
+    attention leaves out and pooling never reads."""
+
+    buffer: np.ndarray  # (3 * R + B + 1,) int32
     tokens: int  # T
+    rows: int  # R
     count: int  # B
     max_len: int
     pinned: torch.Tensor | None = None  # the same memory as a pinned tensor, if staged there
@@ -25,38 +44,47 @@ class HostBatch:
 
 @dataclass(frozen=True, slots=True)
 class PackedBatch:
-    """The same batch on a device. Row t of every (T, ...) tensor is token t."""
+    """The same batch on a device. Row t of every (R, ...) tensor is token t; rows past
+    `tokens` are padding."""
 
-    input_ids: torch.Tensor  # (T,) int32
-    positions: torch.Tensor  # (T,) int32, 0 at each text's first token
-    segments: torch.Tensor  # (T,) int64, the text each token belongs to
+    input_ids: torch.Tensor  # (R,) int32
+    positions: torch.Tensor  # (R,) int32, 0 at each text's first token
+    segments: torch.Tensor  # (R,) int64, the text each token belongs to
     cu_seqlens: torch.Tensor  # (B + 1,) int32, text b is rows cu[b]:cu[b + 1]
     lengths: torch.Tensor  # (B,) float32
     count: int
     max_len: int
+    tokens: int  # T, the real tokens
 
     @property
     def padded_index(self) -> torch.Tensor:
-        """(T,) int64: each token's row in a right-padded (B * max_len) layout."""
-        return self.segments * self.max_len + self.positions.long()
+        """(T,) int64: each real token's row in a right-padded (B * max_len) layout."""
+        t = self.tokens
+        return self.segments[:t] * self.max_len + self.positions[:t].long()
 
 
-def pack(token_ids: Sequence[np.ndarray], staging: Staging | None = None) -> HostBatch:
+def pack(
+    token_ids: Sequence[np.ndarray], staging: Staging | None = None, bucket: bool = False
+) -> HostBatch:
     """Pack texts' token ids into one int32 array (in `staging`'s pinned memory if given),
-    without a Python loop over tokens."""
+    without a Python loop over tokens; with `bucket`, padded to `token_rows` rows."""
     count = len(token_ids)
     lengths = np.fromiter(map(len, token_ids), dtype=np.int32, count=count)
     tokens = int(lengths.sum())
-    size = 3 * tokens + count + 1
+    rows = token_rows(tokens) if bucket else tokens
+    size = 3 * rows + count + 1
     pinned = staging.input(size) if staging is not None else None
     buffer = pinned.numpy() if pinned is not None else np.empty(size, dtype=np.int32)
-    ids, positions, segments, cu = np.split(buffer, [tokens, 2 * tokens, 3 * tokens])
-    np.concatenate(token_ids, out=ids, casting="unsafe")
+    ids, positions, segments, cu = np.split(buffer, [rows, 2 * rows, 3 * rows])
+    np.concatenate(token_ids, out=ids[:tokens], casting="unsafe")
     cu[0] = 0
     np.cumsum(lengths, out=cu[1:])
-    positions[:] = np.arange(tokens, dtype=np.int32) - np.repeat(cu[:-1], lengths)
-    segments[:] = np.repeat(np.arange(count, dtype=np.int32), lengths)
-    return HostBatch(buffer, tokens, count, int(lengths.max()), pinned)
+    positions[:tokens] = np.arange(tokens, dtype=np.int32) - np.repeat(cu[:-1], lengths)
+    segments[:tokens] = np.repeat(np.arange(count, dtype=np.int32), lengths)
+    buffer[tokens:rows] = 0  # padding rows: id, position and text 0
+    buffer[rows + tokens : 2 * rows] = 0
+    buffer[2 * rows + tokens : 3 * rows] = 0
+    return HostBatch(buffer, tokens, rows, count, int(lengths.max()), pinned)
 
 
 class Staging:
@@ -101,14 +129,15 @@ def to_device(host: HostBatch, device: torch.device) -> PackedBatch:
     staged = host.pinned if host.pinned is not None else torch.from_numpy(host.buffer)
     if device.type != "cpu":
         staged = staged.to(device, non_blocking=host.pinned is not None)
-    t, b = host.tokens, host.count
-    cu = staged[3 * t :]
+    r = host.rows
+    cu = staged[3 * r :]
     return PackedBatch(
-        input_ids=staged[:t],
-        positions=staged[t : 2 * t],
-        segments=staged[2 * t : 3 * t].long(),
+        input_ids=staged[:r],
+        positions=staged[r : 2 * r],
+        segments=staged[2 * r : 3 * r].long(),
         cu_seqlens=cu,
         lengths=(cu[1:] - cu[:-1]).float(),
-        count=b,
+        count=host.count,
         max_len=host.max_len,
+        tokens=host.tokens,
     )

@@ -43,7 +43,7 @@ class TransformersEncoder:
         count, width = batch.count, batch.max_len
         where = batch.padded_index
         ids = torch.full((count * width,), self.pad_id, dtype=torch.long, device=where.device)
-        ids[where] = batch.input_ids.long()
+        ids[where] = batch.input_ids[: batch.tokens].long()
         mask = (torch.arange(width, device=where.device) < batch.lengths.unsqueeze(1)).long()
         states = self.model(input_ids=ids.view(count, width), attention_mask=mask)
         hidden: torch.Tensor = states.last_hidden_state  # (B, L, H)
