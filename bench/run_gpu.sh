@@ -21,7 +21,7 @@ single)
     python3 summarize.py "$out/throughput-$model.json"
   done
   for model in ${MIXED:-minilm bert-large}; do
-    timeout 150 $cores python3 mixed.py $model --devices 0,cpu --runs 5 --out "$out/mixed-$model-gpu-cpu.json" \
+    timeout 240 $cores python3 mixed.py $model --devices 0,cpu --runs 9 --out "$out/mixed-$model-gpu-cpu.json" \
       >"$out/mixed-$model-gpu-cpu.log" 2>&1
     python3 summarize.py "$out/mixed-$model-gpu-cpu.json"
   done
