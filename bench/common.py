@@ -10,7 +10,10 @@ import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 HERE = Path(__file__).resolve().parent
 # ../shared/corpora beside the checkout, or a carried copy (.carry/corpora) on a device machine
@@ -43,6 +46,17 @@ def load_corpus(names: Sequence[str] = DEFAULT_CORPUS, repeat: int = DEFAULT_REP
     for name in names:
         texts.extend(read_texts(corpus_path(name)))
     return [t for t in texts if t.strip()] * repeat
+
+
+def fast_tokenizer(directory: Path, length: int) -> Tokenizer:
+    """A model's `tokenizers` tokenizer as the engine sets it up: no padding (some
+    tokenizer.json files pad every text to a fixed length), texts cut at `length` tokens."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(length)
+    return tokenizer
 
 
 def sample(texts: Sequence[str], fraction: float, seed: int = 0) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import DEFAULT_CORPUS, environment, load_corpus, write_json
+from common import DEFAULT_CORPUS, environment, fast_tokenizer, load_corpus, write_json
 from mixed import open_engine
 from throughput import model_directory
 
@@ -31,11 +31,7 @@ BUSY_CYCLES = 200_000_000  # about 0.1 s of a busy stream on an H200
 
 def real_batches(directory: Path, length: int, count: int, budget: int) -> list[list[np.ndarray]]:
     """Contiguous runs of the length-sorted corpus, of random sizes within the budget."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(length)
+    tokenizer = fast_tokenizer(directory, length)
     texts = load_corpus(DEFAULT_CORPUS, 1)
     ids = sorted((np.asarray(e.ids, np.int32) for e in tokenizer.encode_batch_fast(texts)), key=len)
     rng = random.Random(0)

@@ -25,6 +25,7 @@ from common import (
     batch_size_change,
     batch_sizes,
     environment,
+    fast_tokenizer,
     load_corpus,
     write_json,
 )
@@ -119,11 +120,7 @@ async def static_split(
 
 
 def token_lengths(directory: Path, length: int, texts: list[str]) -> list[int]:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(length)
+    tokenizer = fast_tokenizer(directory, length)
     return [len(e.ids) for e in tokenizer.encode_batch_fast(texts)]
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import corpus_path, environment, read_texts, write_json
+from common import corpus_path, environment, fast_tokenizer, read_texts, write_json
 
 from embedx.simulation import (
     Arrival,
@@ -43,11 +43,8 @@ SCORE_ERROR = (0.8, 1.25)  # a static score's error, alternating over the device
 def corpus_lengths(name: str) -> list[int]:
     """Token lengths of a corpus (all-MiniLM-L6-v2 tokenizer, cut at 512)."""
     from throughput import minilm_directory
-    from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(minilm_directory() / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(512)
+    tokenizer = fast_tokenizer(minilm_directory(), 512)
     return [len(e) for e in tokenizer.encode_batch_fast(read_texts(corpus_path(name)))]
 
 

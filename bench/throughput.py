@@ -30,6 +30,7 @@ from common import (
     batch_size_change,
     batch_sizes,
     environment,
+    fast_tokenizer,
     load_corpus,
     sample,
     write_json,
@@ -109,11 +110,7 @@ def _rates(
 
 
 def tokenize_only(directory: Path, texts: list[str], length: int) -> dict[str, Any]:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(length)
+    tokenizer = fast_tokenizer(directory, length)
     started = time.perf_counter()
     encodings = tokenizer.encode_batch_fast(texts)
     seconds = time.perf_counter() - started
