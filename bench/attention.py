@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from common import environment, load_corpus, write_json
+from common import environment, fast_tokenizer, load_corpus, write_json
 from throughput import minilm_directory
 
 SHAPES = {"bert-large": (16, 16, 64, False), "qwen3-0.6b": (16, 8, 128, True)}
@@ -57,10 +57,8 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     import torch
-    from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(minilm_directory() / "tokenizer.json"))
-    tokenizer.enable_truncation(512)
+    tokenizer = fast_tokenizer(minilm_directory(), 512)
     lengths = np.array([len(e) for e in tokenizer.encode_batch_fast(load_corpus())])
     rng = np.random.default_rng(0)
     rng.shuffle(lengths)
