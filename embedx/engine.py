@@ -267,8 +267,8 @@ class Engine:
         self.pooling = pooling
         self.options = options
         self.state = EngineState.LOADING
-        texts = min(options.max_batch_items or MAX_BATCH_TEXTS, MAX_BATCH_TEXTS)
-        self.queue = ConvergingQueue(max_batch_items=texts)
+        self.max_batch_texts = min(options.max_batch_items or MAX_BATCH_TEXTS, MAX_BATCH_TEXTS)
+        self.queue = ConvergingQueue(max_batch_items=self.max_batch_texts)
         self.replicas: list[Replica] = []
         self.workers: list[DeviceWorker] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -405,7 +405,7 @@ class Engine:
                     await self._timed(replica, self._probe_batch(max(tokens, width), width))
             if replica.model.one_row_per_text:  # every bucketed count of pooled rows
                 texts = 64
-                most = min(budget // 2, self.queue.max_batch_items or MAX_BATCH_TEXTS)
+                most = min(budget // 2, self.max_batch_texts)
                 while texts <= max(64, most):  # texts have two tokens or more
                     await self._timed(replica, self._probe_batch(2 * texts, 2))
                     texts *= 2

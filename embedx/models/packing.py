@@ -81,9 +81,8 @@ def pack(
     np.cumsum(lengths, out=cu[1:])
     positions[:tokens] = np.arange(tokens, dtype=np.int32) - np.repeat(cu[:-1], lengths)
     segments[:tokens] = np.repeat(np.arange(count, dtype=np.int32), lengths)
-    buffer[tokens:rows] = 0  # padding rows: id, position and text 0
-    buffer[rows + tokens : 2 * rows] = 0
-    buffer[2 * rows + tokens : 3 * rows] = 0
+    for column in (ids, positions, segments):  # padding rows: id, position and text 0
+        column[tokens:] = 0
     return HostBatch(buffer, tokens, rows, count, int(lengths.max()), pinned)
 
 

@@ -44,10 +44,9 @@ def row_bucket(count: int) -> int:
 def bucketed(rows: torch.Tensor) -> torch.Tensor:
     """`rows` padded with copies of its last one to `row_bucket(len(rows))` entries.
 
-    On CUDA, cuBLAS makes the host wait for the device the first time it meets a matrix
-    shape (measured on an H200: a new row count blocked the launch until the stream was
-    idle). The pooled rows' count changes with every batch; a few bucketed counts, warmed
-    when the model loads, leave launches asynchronous.
+    On CUDA a new row count makes cuBLAS wait for the device (see packing.token_rows), and
+    the pooled rows' count changes with every batch; a few bucketed counts, warmed when
+    the model loads, leave launches asynchronous.
     """
     import torch
 
