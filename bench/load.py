@@ -1,14 +1,17 @@
 """The server under load from concurrent OpenAI SDK clients, against the library on the same texts.
 
     python bench/load.py [--model NAME] [--clients 32] [--batch 256] [--requests 400]
-                         [--passes 3] [--out FILE]
+                         [--passes 3] [--server-cores 0-15 --client-cores 16-31] [--out FILE]
 
 Loopback only. First the library embeds all the texts the clients will send (one `embed`
 call, in this process); then a server starts in a subprocess on a free 127.0.0.1 port and
 N AsyncOpenAI clients send the same texts in requests of --batch texts (base64, the SDK's
 default). Both get one warm-up pass, then the median of --passes timed ones counts.
 JSON out: requests/s, p50/p99 latency (and the part of it the server spent embedding),
-tokens/s, and server/library tokens/s.
+tokens/s, server/library tokens/s, and where the CPU time went: the server's threads by
+name, the clients, and how busy the cores were. With --server-cores the library and the
+server run on those cores only, and --client-cores keeps the clients off them, as clients
+on other machines would be.
 """
 
 from __future__ import annotations
@@ -118,12 +121,78 @@ async def client_process(
     return latencies, in_engine, tokens
 
 
-def run_client_process(
-    job: tuple[str, str, str | None, list[list[str]], int, bool],
-) -> tuple[list[float], list[float], int]:
+Outcome = tuple[list[float], list[float], int, float]  # latencies, in-engine, tokens, CPU s
+
+
+def run_client_process(job: tuple[str, str, str | None, list[list[str]], int, bool]) -> Outcome:
     import uvloop
 
-    return uvloop.run(client_process(*job))
+    cpu = time.process_time()
+    latencies, in_engine, tokens = uvloop.run(client_process(*job))
+    return latencies, in_engine, tokens, time.process_time() - cpu
+
+
+def pin_cores(cores: set[int] | None) -> None:
+    if cores:
+        os.sched_setaffinity(0, cores)
+
+
+def parse_cores(text: str) -> set[int]:
+    """`taskset -c` syntax: 0-15,32,40-47."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each of a process's threads, summed by thread name; the
+    thread that runs the event loop (the first one) is "main"."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    totals: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        name = "main" if int(tid) == pid else name
+        totals[name] = totals.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return totals
+
+
+def busy_cores(cores: set[int]) -> dict[int, tuple[int, int]]:
+    """(busy, total) jiffies so far of each of `cores`, from /proc/stat."""
+    counts = {}
+    for row in Path("/proc/stat").read_text().splitlines():
+        name, *fields = row.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+            values = [int(v) for v in fields]
+            idle = values[3] + values[4]  # idle and iowait
+            counts[int(name[3:])] = (sum(values[:8]) - idle, sum(values[:8]))
+    return counts
+
+
+def _cpu_change(
+    before: tuple[dict[str, float], dict[int, tuple[int, int]]],
+    after: tuple[dict[str, float], dict[int, tuple[int, int]]],
+    seconds: float,
+) -> dict[str, Any]:
+    """The server's threads' CPU over a pass, as cores kept busy, and how busy the server's
+    cores were (from anyone, clients included when they share them)."""
+    threads = {
+        name: round((after[0][name] - before[0].get(name, 0.0)) / seconds, 2)
+        for name in after[0]
+        if after[0][name] - before[0].get(name, 0.0) > 0
+    }
+    busy = sum(after[1][c][0] - before[1][c][0] for c in after[1])
+    total = sum(after[1][c][1] - before[1][c][1] for c in after[1])
+    return {
+        "server_threads_cores": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
+        "server_cores_busy_fraction": round(busy / max(1, total), 3),
+    }
 
 
 def drive(
@@ -135,6 +204,9 @@ def drive(
     processes: int,
     raw_base64: bool,
     passes: int,
+    server_pid: int,
+    server_cores: set[int],
+    client_cores: set[int] | None,
 ) -> dict[str, Any]:
     """`clients` concurrent requests spread over `processes` client processes: decoding the
     responses (the SDK turns each row into Python floats) takes one process's full time long
@@ -151,15 +223,21 @@ def drive(
     ]
     context = multiprocessing.get_context("spawn")
     runs = []
-    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        processes, mp_context=context, initializer=pin_cores, initargs=(client_cores,)
+    ) as pool:
         list(pool.map(run_client_process, jobs))  # warm-up: processes up, server warm
         for _ in range(passes):
             before = _device_counters(base_url)
+            cpu_before = thread_cpu_s(server_pid), busy_cores(server_cores)
             started = time.perf_counter()
             outcomes = list(pool.map(run_client_process, jobs))
             seconds = time.perf_counter() - started
+            cpu_after = thread_cpu_s(server_pid), busy_cores(server_cores)
             figures = _pass_figures(outcomes, seconds)
             figures["devices"] = _device_change(before, _device_counters(base_url), seconds)
+            figures["cpu"] = _cpu_change(cpu_before, cpu_after, seconds)
+            figures["cpu"]["clients_cores"] = round(sum(o[3] for o in outcomes) / seconds, 2)
             runs.append(figures)
     median = sorted(runs, key=lambda run: run["seconds"])[len(runs) // 2]
     return {**median, "runs_s": [round(run["seconds"], 4) for run in runs]}
@@ -194,12 +272,10 @@ def _device_change(
     return change
 
 
-def _pass_figures(
-    outcomes: list[tuple[list[float], list[float], int]], seconds: float
-) -> dict[str, Any]:
-    latencies = sorted(x for got, _, _ in outcomes for x in got)
-    in_engine = sorted(x for _, got, _ in outcomes for x in got)
-    tokens = sum(t for _, _, t in outcomes)
+def _pass_figures(outcomes: list[Outcome], seconds: float) -> dict[str, Any]:
+    latencies = sorted(x for got, _, _, _ in outcomes for x in got)
+    in_engine = sorted(x for _, got, _, _ in outcomes for x in got)
+    tokens = sum(t for _, _, t, _ in outcomes)
     return {
         "requests": len(latencies),
         "seconds": seconds,
@@ -264,8 +340,16 @@ def main() -> None:
     parser.add_argument(
         "--profile-server", metavar="FILE", help="sample the server's stacks into FILE"
     )
+    parser.add_argument(
+        "--server-cores", type=parse_cores, help="cores for the library and the server: 0-15"
+    )
+    parser.add_argument(
+        "--client-cores", type=parse_cores, help="cores for the clients (default: anywhere)"
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
+    pin_cores(args.server_cores)  # the library runs here; the server inherits it
+    server_cores = os.sched_getaffinity(0)
     corpus = load_corpus(args.corpus, repeat=4)
     texts = corpus[: args.requests * args.batch]
     batches = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
@@ -286,7 +370,17 @@ def main() -> None:
             processes = min(args.client_processes, args.clients)
             url = f"http://127.0.0.1:{port}/v1"
             served = drive(
-                url, model, pooling, batches, args.clients, processes, args.raw_base64, args.passes
+                url,
+                model,
+                pooling,
+                batches,
+                args.clients,
+                processes,
+                args.raw_base64,
+                args.passes,
+                server.pid,
+                server_cores,
+                args.client_cores,
             )
         finally:
             server.terminate()
@@ -299,6 +393,8 @@ def main() -> None:
         "texts_per_request": args.batch,
         "encoding_format": "base64",
         "decoded_by": "numpy, in the client" if args.raw_base64 else "the SDK, into floats",
+        "server_cores": len(server_cores),
+        "client_cores": len(args.client_cores) if args.client_cores else "shared",
         "library": library,
         "server": served,
         "server_vs_library": served["tokens_per_s"] / library["tokens_per_s"],

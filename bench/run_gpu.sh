@@ -55,14 +55,20 @@ load)
   printf '[models."sentence-transformers/all-MiniLM-L6-v2"]\nsource = "%s"\npooling = "mean"\nmax_seq_len = 256\n' \
     "$(cd .. && pwd)/.carry/minilm-fp16" > /tmp/models.toml
   export EMBEDX_MODELS_FILE=/tmp/models.toml
-  # the SDK's default (it asks for base64 and makes Python floats of every row) at three
-  # concurrencies, then clients that ask for base64 themselves and decode with numpy
-  for run in sdk:32 sdk:64 sdk:128 raw-base64:128; do
-    decoding=${run%%:*} clients=${run#*:}
-    flag=$([ $decoding = raw-base64 ] && echo --raw-base64)
-    timeout 200 $cores python3 load.py --clients $clients --client-processes 4 --passes 2 $flag \
-      --out "$out/load-minilm-$decoding-$clients.json" >"$out/load-minilm-$decoding-$clients.log" 2>&1
-    python3 summarize.py "$out/load-minilm-$decoding-$clients.json"
+  # Each run is DECODING:CLIENTS:CORES. Decoding: the SDK's default (it asks for base64 and
+  # makes Python floats of every row), or raw-base64 (clients ask for base64 themselves and
+  # decode with numpy). Cores: the library and the server get cores 0-15 either way; "split"
+  # puts the clients on cores 16-31, as clients on other machines would be (it needs 32
+  # cores), "shared" leaves them on the server's cores.
+  for run in ${LOADS:-sdk:32:shared sdk:64:shared sdk:128:shared raw-base64:128:shared}; do
+    IFS=: read -r decoding clients placement <<<"$run"
+    flags="--server-cores 0-15"
+    [ $decoding = raw-base64 ] && flags="$flags --raw-base64"
+    [ $placement = split ] && flags="$flags --client-cores 16-31 --client-processes 8"
+    name=load-minilm-$decoding-$clients-$placement
+    timeout 200 python3 load.py --clients $clients --passes 2 $flags \
+      --out "$out/$name.json" >"$out/$name.log" 2>&1
+    python3 summarize.py "$out/$name.json"
   done
   ;;
 esac
