@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import base64
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -96,6 +97,7 @@ async def client_process(
     extra = {"pooling": pooling} if pooling else None
     latencies: list[float] = []
     in_engine: list[float] = []  # the server's own account: embed call to vectors
+    tokenizing: list[float] = []  # the part of it until the last text was queued
     tokens = 0
     pending = list(reversed(batches))
 
@@ -113,23 +115,25 @@ async def client_process(
                 rows = [np.frombuffer(base64.b64decode(row), np.float32) for row in rows]
             latencies.append(time.perf_counter() - sent)
             in_engine.append(float(raw.headers["x-total-time"]) / 1000)
+            tokenizing.append(float(raw.headers["x-tokenization-time"]) / 1000)
             assert len(rows) == len(batch)
             tokens += response.usage.total_tokens
 
     await asyncio.gather(*(worker() for _ in range(clients)))
     await client.close()
-    return latencies, in_engine, tokens
+    return latencies, in_engine, tokenizing, tokens
 
 
-Outcome = tuple[list[float], list[float], int, float]  # latencies, in-engine, tokens, CPU s
+# latencies, in the engine, tokenizing, tokens, CPU seconds
+Outcome = tuple[list[float], list[float], list[float], int, float]
 
 
 def run_client_process(job: tuple[str, str, str | None, list[list[str]], int, bool]) -> Outcome:
     import uvloop
 
     cpu = time.process_time()
-    latencies, in_engine, tokens = uvloop.run(client_process(*job))
-    return latencies, in_engine, tokens, time.process_time() - cpu
+    latencies, in_engine, tokenizing, tokens = uvloop.run(client_process(*job))
+    return latencies, in_engine, tokenizing, tokens, time.process_time() - cpu
 
 
 def pin_cores(cores: set[int] | None) -> None:
@@ -207,6 +211,7 @@ def drive(
     server_pid: int,
     server_cores: set[int],
     client_cores: set[int] | None,
+    py_spy: str | None,
 ) -> dict[str, Any]:
     """`clients` concurrent requests spread over `processes` client processes: decoding the
     responses (the SDK turns each row into Python floats) takes one process's full time long
@@ -227,55 +232,76 @@ def drive(
         processes, mp_context=context, initializer=pin_cores, initargs=(client_cores,)
     ) as pool:
         list(pool.map(run_client_process, jobs))  # warm-up: processes up, server warm
+        recorder = None
+        if py_spy:  # the server's stacks over the timed passes only, without pausing it
+            recorder = subprocess.Popen(
+                ["py-spy", "record", "--pid", str(server_pid), "--threads",
+                 "--nonblocking", "--rate", "200", "--format", "raw", "--output", py_spy]
+            )  # fmt: skip
+            time.sleep(1)
         for _ in range(passes):
-            before = _device_counters(base_url)
+            before = _counters(base_url)
             cpu_before = thread_cpu_s(server_pid), busy_cores(server_cores)
             started = time.perf_counter()
             outcomes = list(pool.map(run_client_process, jobs))
             seconds = time.perf_counter() - started
             cpu_after = thread_cpu_s(server_pid), busy_cores(server_cores)
             figures = _pass_figures(outcomes, seconds)
-            figures["devices"] = _device_change(before, _device_counters(base_url), seconds)
+            figures["devices"] = _counter_change(before, _counters(base_url), seconds)
             figures["cpu"] = _cpu_change(cpu_before, cpu_after, seconds)
-            figures["cpu"]["clients_cores"] = round(sum(o[3] for o in outcomes) / seconds, 2)
+            figures["cpu"]["clients_cores"] = round(sum(o[4] for o in outcomes) / seconds, 2)
             runs.append(figures)
+        if recorder is not None:
+            recorder.send_signal(signal.SIGINT)
+            recorder.wait(60)
     median = sorted(runs, key=lambda run: run["seconds"])[len(runs) // 2]
     return {**median, "runs_s": [round(run["seconds"], 4) for run in runs]}
 
 
-def _device_counters(base_url: str) -> dict[str, dict[str, float]]:
-    """Each device's batches, tokens and busy seconds so far, from the server's /info."""
+def _counters(base_url: str) -> dict[str, dict[str, float]]:
+    """Each device's batches, tokens and busy seconds so far, and the tokenizer's calls,
+    texts and busy seconds, from the server's /info."""
     import httpx
 
     info = httpx.get(base_url.removesuffix("/v1") + "/info", timeout=10).json()
-    return {
-        device["device"]: {k: device[k] for k in ("batches", "tokens", "busy_s")}
-        for model in info["models"]
-        for device in model.get("devices", [])
-    }
+    counters = {"tokenizer": {"calls": 0, "texts": 0, "busy_s": 0.0}}
+    for model in info["models"]:
+        for device in model.get("devices", []):
+            counters[device["device"]] = {k: device[k] for k in ("batches", "tokens", "busy_s")}
+        for key, value in model.get("tokenizer", {}).items():
+            counters["tokenizer"][key] += value
+    return counters
 
 
-def _device_change(
+def _counter_change(
     before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], seconds: float
 ) -> dict[str, dict[str, float]]:
-    """Per device over one pass: batches, mean tokens a batch, and the share of the pass
-    its batches kept it busy (low with requests waiting means the host did not feed it)."""
+    """Over one pass, per device: batches, mean tokens a batch, and the share of the pass
+    its batches kept it busy (low with requests waiting means the host did not feed it);
+    for the tokenizer: calls, mean texts a call, and the share of the pass a call ran."""
     change = {}
     for name, now in after.items():
-        was = before.get(name, {"batches": 0, "tokens": 0, "busy_s": 0.0})
-        batches = now["batches"] - was["batches"]
-        change[name] = {
-            "batches": batches,
-            "mean_batch_tokens": round((now["tokens"] - was["tokens"]) / max(1, batches)),
-            "busy_fraction": round((now["busy_s"] - was["busy_s"]) / seconds, 3),
-        }
+        was = before[name]
+        if name == "tokenizer":
+            calls = now["calls"] - was["calls"]
+            texts = now["texts"] - was["texts"]
+            change[name] = {"calls": calls, "mean_call_texts": round(texts / max(1, calls))}
+        else:
+            batches = now["batches"] - was["batches"]
+            tokens = now["tokens"] - was["tokens"]
+            change[name] = {
+                "batches": batches,
+                "mean_batch_tokens": round(tokens / max(1, batches)),
+            }
+        change[name]["busy_fraction"] = round((now["busy_s"] - was["busy_s"]) / seconds, 3)
     return change
 
 
 def _pass_figures(outcomes: list[Outcome], seconds: float) -> dict[str, Any]:
-    latencies = sorted(x for got, _, _, _ in outcomes for x in got)
-    in_engine = sorted(x for _, got, _, _ in outcomes for x in got)
-    tokens = sum(t for _, _, t, _ in outcomes)
+    latencies = sorted(x for outcome in outcomes for x in outcome[0])
+    in_engine = [x for outcome in outcomes for x in outcome[1]]
+    tokenizing = [x for outcome in outcomes for x in outcome[2]]
+    tokens = sum(outcome[3] for outcome in outcomes)
     return {
         "requests": len(latencies),
         "seconds": seconds,
@@ -287,6 +313,7 @@ def _pass_figures(outcomes: list[Outcome], seconds: float) -> dict[str, Any]:
         # x-total-time: from the engine's embed call to the vectors; the rest of a
         # request's latency is HTTP, JSON, admission and the client's decoding
         "in_engine_p50_s": statistics.median(in_engine),
+        "tokenizing_p50_s": statistics.median(tokenizing),  # x-tokenization-time
     }
 
 
@@ -346,6 +373,9 @@ def main() -> None:
     parser.add_argument(
         "--client-cores", type=parse_cores, help="cores for the clients (default: anywhere)"
     )
+    parser.add_argument(
+        "--py-spy", metavar="FILE", help="record the server's stacks over the timed passes"
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     pin_cores(args.server_cores)  # the library runs here; the server inherits it
@@ -381,6 +411,7 @@ def main() -> None:
                 server.pid,
                 server_cores,
                 args.client_cores,
+                args.py_spy,
             )
         finally:
             server.terminate()

@@ -38,7 +38,9 @@ def line(path: Path) -> str:
             f"{server['requests_per_s']:.1f} req/s, "
             f"p50 {server['latency_p50_s']:.3f}s p99 {server['latency_p99_s']:.3f}s; library "
             f"{library['tokens_per_s'] / 1e3:.0f}k tok/s; ratio {data['server_vs_library']:.3f}; "
-            f"devices busy {[d['busy_fraction'] for d in server.get('devices', {}).values()]}; "
+            f"in engine p50 {server.get('in_engine_p50_s')}s (tokenizing "
+            f"{server.get('tokenizing_p50_s')}s); busy "
+            f"{ {k: v['busy_fraction'] for k, v in server.get('devices', {}).items()} }; "
             f"cpu {server.get('cpu')}"
         )
     if kind == "kernels":

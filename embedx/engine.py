@@ -574,6 +574,11 @@ class Engine:
             "truncated_inputs": self.truncated,
             "requests": self.requests,
             "queue": {"items": self.queue.pending_items, "tokens": self.queue.pending_tokens},
+            "tokenizer": {
+                "calls": self.tokenizer.calls,
+                "texts": self.tokenizer.texts,
+                "busy_s": round(self.tokenizer.busy_s, 3),
+            },
             "devices": [
                 {
                     "device": w.slot.name,

@@ -160,6 +160,9 @@ async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_id
     # the first call held the early caller's first chunk; the six came in while it ran, and
     # shared the next one
     assert calls <= 3
+    assert tokenizer.calls == calls  # what /info reports
+    assert tokenizer.texts >= sum(map(len, parts))
+    assert tokenizer.busy_s > 0
 
 
 def encode_all(directory: Path, texts: list[str]) -> list[Any]:

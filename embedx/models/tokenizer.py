@@ -5,6 +5,7 @@ requests that queue texts while it runs."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 # "pipelined"), and chunks of concurrent requests that arrive meanwhile share it.
 FIRST_CHUNK = 1024
 CHUNK = 4096
+CALLS_IN_FLIGHT = 1  # tokenizer calls running at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,12 @@ class TextTokenizer:
         # tokenizers >= 0.22 encodes in its own threads behind an awaitable
         self._async = hasattr(self._tokenizer, "async_encode_batch_fast")
         self._waiting: list[tuple[list[str], asyncio.Future[list[Encoding]]]] = []
-        self._calling = False
+        self._calling = 0
+        # For /info: when tokenizing limits a server, its busy share nears 1.
+        self.calls = 0
+        self.texts = 0
+        self.busy_s = 0.0
+        self._busy_since = 0.0
 
     async def encode_chunks(
         self, texts: Sequence[str], *, truncate: bool = True
@@ -79,7 +86,7 @@ class TextTokenizer:
         else in the next one, together with whatever else arrives until then."""
         future: asyncio.Future[list[Encoding]] = asyncio.get_running_loop().create_future()
         self._waiting.append((list(texts), future))
-        if not self._calling:
+        if self._calling < CALLS_IN_FLIGHT:
             self._call_next()
         return future
 
@@ -101,7 +108,11 @@ class TextTokenizer:
             for _, future in batch:
                 future.set_exception(exc)
             return
-        self._calling = True
+        if not self._calling:
+            self._busy_since = time.monotonic()
+        self._calling += 1
+        self.calls += 1
+        self.texts += len(texts)
         call.add_done_callback(lambda done: self._hand_out(batch, done))
 
     def _hand_out(
@@ -110,7 +121,9 @@ class TextTokenizer:
         call: asyncio.Future[list[Encoding]],
     ) -> None:
         """Give each waiter its slice of a finished call, then start the next call."""
-        self._calling = False
+        self._calling -= 1
+        if not self._calling:
+            self.busy_s += time.monotonic() - self._busy_since
         start = 0
         for part, future in batch:
             if future.done():
