@@ -153,6 +153,16 @@ def test_base64_is_little_endian_float32(server: Server) -> None:
     assert np.frombuffer(base64.b64decode(data), dtype="<f4").shape == (384,)
 
 
+@pytest.mark.parametrize("width", [384, 64, 7])  # rows of whole base64 quanta, and not
+def test_base64_rows_encode_each_row_on_its_own(width: int) -> None:
+    from embedx.server.embeddings import base64_rows
+
+    rows = np.random.default_rng(0).standard_normal((5, width)).astype(np.float32)
+    expected = [base64.b64encode(row.astype("<f4").tobytes()) for row in rows]
+    assert base64_rows(rows) == expected
+    assert base64_rows(np.asfortranarray(rows)) == expected
+
+
 def test_curl_gets_real_vectors(server: Server, embedder: Any, reference_texts: list[str]) -> None:
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed")
