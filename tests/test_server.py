@@ -298,6 +298,8 @@ def test_info_shows_settings_devices_counters_and_models(server: Server) -> None
     for key in ("pooling", "dimensions", "max_seq_len", "devices", "idle_s", "truncated_inputs"):
         assert key in model
     assert model["devices"][0]["dtype"] == "float32"
+    assert model["tokenizer"]["calls"] >= 1
+    assert model["tokenizer"]["busy_s"] > 0
 
 
 def test_metrics_are_prometheus_text(server: Server) -> None:
@@ -305,7 +307,8 @@ def test_metrics_are_prometheus_text(server: Server) -> None:
     text = httpx.get(server.url + "/metrics").text
     for family in ("embedx_requests_total", "embedx_queue_items", "embedx_batch_tokens_bucket",
                    "embedx_device_busy_seconds_total", "embedx_model_load_seconds_count",
-                   "embedx_padding_tokens_total", "embedx_embed_seconds_count"):  # fmt: skip
+                   "embedx_padding_tokens_total", "embedx_embed_seconds_count",
+                   "embedx_tokenizer_busy_seconds_total"):  # fmt: skip
         assert family in text
     assert 'embedx_requests_total{route="/v1/embeddings",method="POST",status="200"}' in text
 

@@ -110,6 +110,9 @@ MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[Engine], Any]], ...] = (
      lambda e: e.queue.padding_tokens),
     ("embedx_truncated_inputs_total", "counter", "Texts cut to the model's length.",
      lambda e: e.truncated),
+    ("embedx_tokenizer_busy_seconds_total", "counter",
+     "Time a tokenizer call was running; near the uptime, tokenizing limits the model.",
+     lambda e: e.tokenizer.busy_s),
 )  # fmt: skip
 # Per model and device: (metric, kind, help, value of a worker).
 DEVICE_FAMILIES: tuple[tuple[str, str, str, Callable[[DeviceWorker], Any]], ...] = (
