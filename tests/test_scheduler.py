@@ -291,6 +291,28 @@ def test_a_host_cpu_too_slow_to_matter_sits_out_until_the_accelerators_are_gone(
     assert queue.claim(cpu) is not None
 
 
+@pytest.mark.parametrize("feed_rate", [3e6, 8e6])
+def test_while_texts_arrive_a_slow_device_that_asks_first_leaves_them_to_a_faster_one(
+    feed_rate: float,
+) -> None:
+    # Arriving texts wake every device and any may ask first (the simulator asks in list
+    # order: the slow one here). The fast one keeps up with the feed on its own, so the slow
+    # one takes next to nothing: on a real host each of its batches costs a launch.
+    rng = random.Random(0)
+    lengths = tuple(max(3, min(256, int(rng.lognormvariate(3.6, 0.9)))) for _ in range(20000))
+    fast = FakeDevice("fast", 14e6, 0.002, 262144, 2)
+    slow = FakeDevice("slow", 3e6, 0.004, 262144, 2)
+    arrival = [Arrival(0.0, lengths, feed_rate)]
+    alone = simulate_converging([fast], arrival)
+    pair = simulate_converging([slow, fast], arrival)
+    assert pair.tokens["slow"] <= 0.05 * sum(lengths)  # the end game may still give it a little
+    assert pair.makespan <= 1.01 * alone.makespan
+    assert all(count == 1 for count in pair.delivered[0])
+    # with everything queued at once, the devices are the limit and the slow one helps
+    queued = simulate_converging([slow, fast], [Arrival(0.0, lengths)])
+    assert queued.tokens["slow"] >= 0.1 * sum(lengths)
+
+
 def test_texts_fed_slower_than_the_devices_finish_soon_after_the_last_chunk_arrives() -> None:
     # The tokenizer, not the devices, sets the pace: once the last chunk is queued, the two
     # devices share it (plus a few batches' fixed costs), and every text runs once.
