@@ -110,6 +110,37 @@ def batch_size_change(engine: Any, before: dict[str, list[int]], runs: int = 1) 
     }
 
 
+async def open_engine(
+    directory: Path,
+    pooling: str,
+    length: int,
+    devices: str | None,
+    tokens: int,
+    name: str | None = None,
+) -> Any:
+    """An embedx engine for a model directory on `devices` (as EMBEDX_DEVICES spells them;
+    None: every device found), at `tokens` tokens a batch; `name` (default: the devices) is
+    what its logs call it."""
+    from embedx.config import load_settings
+    from embedx.devices import discover, open_accelerator
+    from embedx.engine import Engine, EngineOptions
+    from embedx.models.catalog import ModelSpec
+    from embedx.models.pooling import Pooling
+    from embedx.models.source import resolve
+
+    settings = load_settings({"devices": devices, "max_batch_tokens": tokens})
+    spec = ModelSpec(
+        name=name or str(devices),
+        source=str(directory),
+        pooling=Pooling(pooling),
+        max_seq_len=length,
+    )
+    accelerators = [open_accelerator(info) for info in discover(settings)]
+    return await Engine.load(
+        spec, resolve(str(directory)), accelerators, EngineOptions(max_batch_tokens=tokens)
+    )
+
+
 def write_json(result: dict[str, Any], out: str | None) -> None:
     text = json.dumps(result, indent=2)
     if out:

@@ -22,8 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import DEFAULT_CORPUS, environment, fast_tokenizer, load_corpus, write_json
-from mixed import open_engine
+from common import (
+    DEFAULT_CORPUS,
+    environment,
+    fast_tokenizer,
+    load_corpus,
+    open_engine,
+    write_json,
+)
 from throughput import model_directory
 
 BUSY_CYCLES = 200_000_000  # about 0.1 s of a busy stream on an H200

@@ -27,27 +27,10 @@ from common import (
     environment,
     fast_tokenizer,
     load_corpus,
+    open_engine,
     write_json,
 )
 from throughput import model_directory
-
-
-async def open_engine(directory: Path, pooling: str, length: int, devices: str, tokens: int) -> Any:
-    from embedx.config import load_settings
-    from embedx.devices import discover, open_accelerator
-    from embedx.engine import Engine, EngineOptions
-    from embedx.models.catalog import ModelSpec
-    from embedx.models.pooling import Pooling
-    from embedx.models.source import resolve
-
-    settings = load_settings({"devices": devices, "max_batch_tokens": tokens})
-    spec = ModelSpec(
-        name=devices, source=str(directory), pooling=Pooling(pooling), max_seq_len=length
-    )
-    accelerators = [open_accelerator(info) for info in discover(settings)]
-    return await Engine.load(
-        spec, resolve(str(directory)), accelerators, EngineOptions(max_batch_tokens=tokens)
-    )
 
 
 async def converging(engine: Any, texts: list[str]) -> dict[str, Any]:

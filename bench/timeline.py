@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import DEFAULT_CORPUS, environment, load_corpus, write_json
-from mixed import open_engine
+from common import DEFAULT_CORPUS, environment, load_corpus, open_engine, write_json
 from throughput import model_directory
 
 LAG_STEP_S = 0.001
