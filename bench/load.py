@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from common import DEFAULT_CORPUS, environment, load_corpus, write_json
 from throughput import model_directory
@@ -124,8 +124,14 @@ async def client_process(
     return latencies, in_engine, tokenizing, tokens
 
 
-# latencies, in the engine, tokenizing, tokens, CPU seconds
-Outcome = tuple[list[float], list[float], list[float], int, float]
+class Outcome(NamedTuple):
+    """One client process's pass."""
+
+    latencies: list[float]
+    in_engine: list[float]
+    tokenizing: list[float]
+    tokens: int
+    cpu_s: float
 
 
 def run_client_process(job: tuple[str, str, str | None, list[list[str]], int, bool]) -> Outcome:
@@ -133,7 +139,7 @@ def run_client_process(job: tuple[str, str, str | None, list[list[str]], int, bo
 
     cpu = time.process_time()
     latencies, in_engine, tokenizing, tokens = uvloop.run(client_process(*job))
-    return latencies, in_engine, tokenizing, tokens, time.process_time() - cpu
+    return Outcome(latencies, in_engine, tokenizing, tokens, time.process_time() - cpu)
 
 
 def pin_cores(cores: set[int] | None) -> None:
@@ -249,7 +255,7 @@ def drive(
             figures = _pass_figures(outcomes, seconds)
             figures["devices"] = _counter_change(before, _counters(base_url), seconds)
             figures["cpu"] = _cpu_change(cpu_before, cpu_after, seconds)
-            figures["cpu"]["clients_cores"] = round(sum(o[4] for o in outcomes) / seconds, 2)
+            figures["cpu"]["clients_cores"] = round(sum(o.cpu_s for o in outcomes) / seconds, 2)
             runs.append(figures)
         if recorder is not None:
             recorder.send_signal(signal.SIGINT)
@@ -298,10 +304,10 @@ def _counter_change(
 
 
 def _pass_figures(outcomes: list[Outcome], seconds: float) -> dict[str, Any]:
-    latencies = sorted(x for outcome in outcomes for x in outcome[0])
-    in_engine = [x for outcome in outcomes for x in outcome[1]]
-    tokenizing = [x for outcome in outcomes for x in outcome[2]]
-    tokens = sum(outcome[3] for outcome in outcomes)
+    latencies = sorted(x for outcome in outcomes for x in outcome.latencies)
+    in_engine = [x for outcome in outcomes for x in outcome.in_engine]
+    tokenizing = [x for outcome in outcomes for x in outcome.tokenizing]
+    tokens = sum(outcome.tokens for outcome in outcomes)
     return {
         "requests": len(latencies),
         "seconds": seconds,
