@@ -332,15 +332,7 @@ def start_server(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]
         "EMBEDX_MAX_CONCURRENT_REQUESTS": str(args.clients),
         "EMBEDX_LOG_LEVEL": "warning",
     }
-    command = ["-m", "embedx", "serve"]
-    if args.profile_server:  # every thread's stacks, sampled
-        command = [
-            str(Path(__file__).parent / "stack_sampler.py"),
-            args.profile_server,
-            "embedx",
-            "serve",
-        ]
-    server = subprocess.Popen([sys.executable, *command], env=env)
+    server = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env)
     import httpx
 
     deadline = time.monotonic() + 120
@@ -369,9 +361,6 @@ def main() -> None:
         "--raw-base64",
         action="store_true",
         help="ask for base64 explicitly and decode with numpy (the SDK then leaves rows alone)",
-    )
-    parser.add_argument(
-        "--profile-server", metavar="FILE", help="sample the server's stacks into FILE"
     )
     parser.add_argument(
         "--server-cores", type=parse_cores, help="cores for the library and the server: 0-15"
