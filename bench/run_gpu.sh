@@ -33,7 +33,7 @@ single)
   ;;
 two)
   # one GPU against both, 16 cores either way (the peers are measured by `single`)
-  for model in minilm bert-large; do
+  for model in ${TWO:-minilm bert-large}; do
     for devices in 0 0,1; do
       name=$([ $devices = 0 ] && echo one-gpu || echo two-gpus)
       timeout 120 $cores python3 throughput.py $model --devices $devices --skip transformers sentence_transformers \
