@@ -9,7 +9,9 @@ N AsyncOpenAI clients send the same texts in requests of --batch texts (base64, 
 default). Both get one warm-up pass, then the median of --passes timed ones counts.
 JSON out: requests/s, p50/p99 latency (and the part of it the server spent embedding),
 tokens/s, server/library tokens/s, and where the CPU time went: the server's threads by
-name, the clients, and how busy the cores were. With --server-cores the library and the
+name, the clients, how busy the cores were, and the event-loop thread's CPU microseconds
+per text in the library and in the server (one thread feeds every device: its cost per
+text bounds both). With --server-cores the library and the
 server run on those cores only, and --client-cores keeps the clients off them, as clients
 on other machines would be.
 """
@@ -62,10 +64,12 @@ async def library_rate(
     try:
         await engine.embed(texts)  # warm-up, as the server gets
         runs = []
+        main_cpu_s = time.thread_time()
         for _ in range(passes):
             started = time.perf_counter()
             result = await engine.embed(texts)
             runs.append(time.perf_counter() - started)
+        main_cpu_s = time.thread_time() - main_cpu_s
     finally:
         await engine.close()
     seconds = statistics.median(runs)
@@ -74,6 +78,8 @@ async def library_rate(
         "seconds": seconds,
         "runs_s": [round(run, 4) for run in runs],
         "tokens_per_s": result.tokens / seconds,
+        # the event loop's thread: it also feeds the server's devices, one thread for all
+        "main_thread_us_per_text": round(1e6 * main_cpu_s / (passes * len(texts)), 1),
     }
 
 
@@ -226,6 +232,7 @@ def drive(
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    texts = sum(map(len, batches))
     shares = [batches[i::processes] for i in range(processes)]
     per_process = [clients // processes + (i < clients % processes) for i in range(processes)]
     jobs = [
@@ -256,6 +263,8 @@ def drive(
             figures["devices"] = _counter_change(before, _counters(base_url), seconds)
             figures["cpu"] = _cpu_change(cpu_before, cpu_after, seconds)
             figures["cpu"]["clients_cores"] = round(sum(o.cpu_s for o in outcomes) / seconds, 2)
+            main_s = cpu_after[0].get("main", 0.0) - cpu_before[0].get("main", 0.0)
+            figures["cpu"]["main_thread_us_per_text"] = round(1e6 * main_s / texts, 1)
             runs.append(figures)
         if recorder is not None:
             recorder.send_signal(signal.SIGINT)
