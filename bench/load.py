@@ -1,7 +1,8 @@
 """The server under load from concurrent OpenAI SDK clients, against the library on the same texts.
 
     python bench/load.py [--model NAME] [--clients 32] [--batch 256] [--requests 400]
-                         [--passes 3] [--server-cores 0-15 --client-cores 16-31] [--out FILE]
+                         [--passes 3] [--server-cores 0-15 --client-cores 16-31]
+                         [--http granian|uvicorn] [--out FILE]
 
 Loopback only. First the library embeds all the texts the clients will send (one `embed`
 call, in this process); then a server starts in a subprocess on a free 127.0.0.1 port and
@@ -341,7 +342,10 @@ def start_server(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]
         "EMBEDX_MAX_CONCURRENT_REQUESTS": str(args.clients),
         "EMBEDX_LOG_LEVEL": "warning",
     }
-    server = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env)
+    command = ["-m", "embedx", "serve"]
+    if args.http == "uvicorn":
+        command = [str(Path(__file__).with_name("serve_uvicorn.py"))]
+    server = subprocess.Popen([sys.executable, *command], env=env)
     import httpx
 
     deadline = time.monotonic() + 120
@@ -366,6 +370,12 @@ def main() -> None:
     parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
     parser.add_argument("--max-batch-tokens", type=int, default=262144)
     parser.add_argument("--tiny", action="store_true", help="tiny random shapes (host overhead)")
+    parser.add_argument(
+        "--http",
+        choices=["granian", "uvicorn"],
+        default="granian",
+        help="the HTTP server: granian as `embedx serve` runs it, or bench/serve_uvicorn.py",
+    )
     parser.add_argument(
         "--raw-base64",
         action="store_true",
@@ -426,6 +436,7 @@ def main() -> None:
         "clients": args.clients,
         "client_processes": min(args.client_processes, args.clients),
         "texts_per_request": args.batch,
+        "http_server": args.http,
         "encoding_format": "base64",
         "decoded_by": "numpy, in the client" if args.raw_base64 else "the SDK, into floats",
         "server_cores": len(server_cores),

@@ -66,7 +66,7 @@ load)
   # decode with numpy). Cores: the library and the server get cores 0-15 either way; "split"
   # puts the clients on cores 16-31, as clients on other machines would be (it needs 32
   # cores: the two-GPU machine, with CUDA_VISIBLE_DEVICES=0), "shared" leaves them on the
-  # server's cores.
+  # server's cores. HTTP=uvicorn serves through bench/serve_uvicorn.py instead of granian.
   default="sdk:64:shared sdk:128:shared"
   [ "$(nproc)" -ge 32 ] && default="sdk:64:split sdk:128:split sdk:64:shared"
   for run in ${LOADS:-$default}; do
@@ -75,7 +75,7 @@ load)
     [ $decoding = raw-base64 ] && flags="$flags --raw-base64"
     [ $placement = split ] && flags="$flags --client-cores 16-31 --client-processes 16"
     name=load-minilm-$decoding-$clients-$placement
-    timeout 200 python3 load.py --clients $clients --passes 2 $flags \
+    timeout 200 python3 load.py --clients $clients --passes 2 --http "${HTTP:-granian}" $flags \
       --out "$out/$name.json" >"$out/$name.log" 2>&1
     python3 summarize.py "$out/$name.json"
   done
