@@ -6,10 +6,10 @@ import binascii
 
 import numpy as np
 import orjson
-from blacksheep import Content, Request, Response
+from blacksheep import Request, Response
 
 from embedx.engine import EmbedOptions, EmbedResult
-from embedx.server.responses import JSON, json_response
+from embedx.server.responses import json_bytes_response, json_response
 from embedx.server.state import ServerState
 from embedx.server.validation import EmbedRequest, parse_openai, parse_tei
 
@@ -43,8 +43,7 @@ async def create_embeddings(state: ServerState, http: Request) -> Response:
     )
     rest = orjson.dumps({"model": request.model, "usage": usage})  # {"model":...,"usage":...}
     body = b'{"object":"list","data":[' + items + b"]," + rest[1:]
-    headers = [(k.encode(), v.encode()) for k, v in _timing(result).items()]
-    return Response(200, headers, Content(JSON, body))
+    return json_bytes_response(body, headers=_timing(result))
 
 
 def base64_rows(vectors: np.ndarray) -> list[bytes]:

@@ -15,7 +15,15 @@ JSON = b"application/json"
 def json_response(
     payload: Any, status: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
-    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    return json_bytes_response(
+        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), status, headers
+    )
+
+
+def json_bytes_response(
+    body: bytes, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    """A response whose JSON body is already serialized."""
     raw = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
     return Response(status, raw, Content(JSON, body))
 
