@@ -45,8 +45,30 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def record_stacks(pid: int, path: str, native: bool) -> subprocess.Popen[bytes]:
+    """py-spy sampling a process's threads until sent SIGINT: without pausing it, unless
+    `native` frames are asked for (py-spy can only read those from a paused process)."""
+    command = ["py-spy", "record", "--pid", str(pid), "--threads", "--rate", "200",
+               "--format", "raw", "--output", path]  # fmt: skip
+    recorder = subprocess.Popen(command + (["--native"] if native else ["--nonblocking"]))
+    time.sleep(1)
+    return recorder
+
+
+def stop_recording(recorder: subprocess.Popen[bytes] | None) -> None:
+    if recorder is not None:
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait(60)
+
+
 async def library_rate(
-    model: str, pooling: str | None, texts: list[str], tokens: int, passes: int
+    model: str,
+    pooling: str | None,
+    texts: list[str],
+    tokens: int,
+    passes: int,
+    py_spy: str | None = None,
+    native: bool = False,
 ) -> dict[str, Any]:
     """The median of `passes` timed `embed` calls over every text, after a warm-up one."""
     from embedx.config import load_settings
@@ -64,6 +86,7 @@ async def library_rate(
     engine = await Engine.load(spec, resolve(spec.source), accelerators, registry.engine_options())
     try:
         await engine.embed(texts)  # warm-up, as the server gets
+        recorder = record_stacks(os.getpid(), py_spy, native) if py_spy else None
         runs = []
         main_cpu_s = time.thread_time()
         for _ in range(passes):
@@ -71,6 +94,7 @@ async def library_rate(
             result = await engine.embed(texts)
             runs.append(time.perf_counter() - started)
         main_cpu_s = time.thread_time() - main_cpu_s
+        stop_recording(recorder)
     finally:
         await engine.close()
     seconds = statistics.median(runs)
@@ -225,6 +249,7 @@ def drive(
     server_cores: set[int],
     client_cores: set[int] | None,
     py_spy: str | None,
+    native: bool,
 ) -> dict[str, Any]:
     """`clients` concurrent requests spread over `processes` client processes: decoding the
     responses (the SDK turns each row into Python floats) takes one process's full time long
@@ -246,13 +271,8 @@ def drive(
         processes, mp_context=context, initializer=pin_cores, initargs=(client_cores,)
     ) as pool:
         list(pool.map(run_client_process, jobs))  # warm-up: processes up, server warm
-        recorder = None
-        if py_spy:  # the server's stacks over the timed passes only, without pausing it
-            recorder = subprocess.Popen(
-                ["py-spy", "record", "--pid", str(server_pid), "--threads",
-                 "--nonblocking", "--rate", "200", "--format", "raw", "--output", py_spy]
-            )  # fmt: skip
-            time.sleep(1)
+        # the server's stacks over the timed passes only
+        recorder = record_stacks(server_pid, py_spy, native) if py_spy else None
         for _ in range(passes):
             before = _counters(base_url)
             cpu_before = thread_cpu_s(server_pid), busy_cores(server_cores)
@@ -267,9 +287,7 @@ def drive(
             main_s = cpu_after[0].get("main", 0.0) - cpu_before[0].get("main", 0.0)
             figures["cpu"]["main_thread_us_per_text"] = round(1e6 * main_s / texts, 1)
             runs.append(figures)
-        if recorder is not None:
-            recorder.send_signal(signal.SIGINT)
-            recorder.wait(60)
+        stop_recording(recorder)
     median = sorted(runs, key=lambda run: run["seconds"])[len(runs) // 2]
     return {**median, "runs_s": [round(run["seconds"], 4) for run in runs]}
 
@@ -388,7 +406,13 @@ def main() -> None:
         "--client-cores", type=parse_cores, help="cores for the clients (default: anywhere)"
     )
     parser.add_argument(
-        "--py-spy", metavar="FILE", help="record the server's stacks over the timed passes"
+        "--py-spy",
+        metavar="PREFIX",
+        help="record the stacks of the library and the server over their timed passes, in "
+        "PREFIX-library.txt and PREFIX-server.txt",
+    )
+    parser.add_argument(
+        "--native", action="store_true", help="with --py-spy: C and Rust frames too"
     )
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -406,7 +430,15 @@ def main() -> None:
             directory, pooling, _ = model_directory(args.model, Path(workdir), args.tiny, device)
             model = str(directory)
         library = asyncio.run(
-            library_rate(model, pooling, texts, args.max_batch_tokens, args.passes)
+            library_rate(
+                model,
+                pooling,
+                texts,
+                args.max_batch_tokens,
+                args.passes,
+                args.py_spy and f"{args.py_spy}-library.txt",
+                args.native,
+            )
         )
         port = free_port()
         server = start_server(port, args)
@@ -425,7 +457,8 @@ def main() -> None:
                 server.pid,
                 server_cores,
                 args.client_cores,
-                args.py_spy,
+                args.py_spy and f"{args.py_spy}-server.txt",
+                args.native,
             )
         finally:
             server.terminate()

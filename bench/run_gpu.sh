@@ -58,6 +58,7 @@ two)
 load)
   # the server needs its HTTP stack, carried as wheels, and MiniLM from the carried copy
   python3 -m pip install -q --no-index --no-deps --target /tmp/site ../.whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  export PATH=/tmp/site/bin:$PATH  # py-spy, for LOAD_FLAGS="--py-spy PREFIX"
   printf '[models."sentence-transformers/all-MiniLM-L6-v2"]\nsource = "%s"\npooling = "mean"\nmax_seq_len = 256\n' \
     "$(cd .. && pwd)/.carry/minilm-fp16" > /tmp/models.toml
   export EMBEDX_MODELS_FILE=/tmp/models.toml
@@ -66,7 +67,8 @@ load)
   # decode with numpy). Cores: the library and the server get cores 0-15 either way; "split"
   # puts the clients on cores 16-31, as clients on other machines would be (it needs 32
   # cores: the two-GPU machine, with CUDA_VISIBLE_DEVICES=0), "shared" leaves them on the
-  # server's cores. HTTP=uvicorn serves through bench/serve_uvicorn.py instead of granian.
+  # server's cores. HTTP=uvicorn serves through bench/serve_uvicorn.py instead of granian;
+  # PASSES sets the timed passes (2), LOAD_FLAGS adds load.py flags.
   default="sdk:64:shared sdk:128:shared"
   [ "$(nproc)" -ge 32 ] && default="sdk:64:split sdk:128:split sdk:64:shared"
   for run in ${LOADS:-$default}; do
@@ -75,7 +77,7 @@ load)
     [ $decoding = raw-base64 ] && flags="$flags --raw-base64"
     [ $placement = split ] && flags="$flags --client-cores 16-31 --client-processes 16"
     name=load-minilm-$decoding-$clients-$placement
-    timeout 200 python3 load.py --clients $clients --passes 2 --http "${HTTP:-granian}" $flags \
+    timeout 200 python3 load.py --clients $clients --passes ${PASSES:-2} --http "${HTTP:-granian}" $flags ${LOAD_FLAGS:-} \
       --out "$out/$name.json" >"$out/$name.log" 2>&1
     python3 summarize.py "$out/$name.json"
   done
