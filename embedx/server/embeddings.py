@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
+import binascii
 
+import numpy as np
 import orjson
 from blacksheep import Request, Response
 
 from embedx.engine import EmbedOptions, EmbedResult
-from embedx.server.base64_encoding import json_items
 from embedx.server.responses import json_bytes_response, json_response
 from embedx.server.state import ServerState
 from embedx.server.validation import EmbedRequest, parse_openai, parse_tei
-
-THREAD_ROWS = 16  # below this, the hand-off costs the loop thread as much as encoding here
 
 
 async def _run(state: ServerState, request: EmbedRequest) -> EmbedResult:
@@ -37,16 +35,27 @@ async def create_embeddings(state: ServerState, http: Request) -> Response:
                 for i, row in enumerate(result.vectors)]  # fmt: skip
         payload = {"object": "list", "data": data, "model": request.model, "usage": usage}
         return json_response(payload, headers=_timing(result))
-    # The SDK's default, and the bulk of a busy server's responses: written as bytes, off the
-    # event loop's thread when it is worth a hand-off (see base64_encoding).
-    vectors = result.vectors
-    if len(vectors) >= THREAD_ROWS:
-        items = await asyncio.to_thread(json_items, vectors)
-    else:
-        items = json_items(vectors)
+    # The SDK's default, and the bulk of a busy server's responses: written as bytes around
+    # the base64 rows (which need no JSON escaping) rather than as one string object each.
+    items = b",".join(
+        b'{"object":"embedding","index":%d,"embedding":"%s"}' % (i, row)
+        for i, row in enumerate(base64_rows(result.vectors))
+    )
     rest = orjson.dumps({"model": request.model, "usage": usage})  # {"model":...,"usage":...}
     body = b'{"object":"list","data":[' + items + b"]," + rest[1:]
     return json_bytes_response(body, headers=_timing(result))
+
+
+def base64_rows(vectors: np.ndarray) -> list[bytes]:
+    """Each row as base64 of its little-endian float32 bytes, as the OpenAI SDK decodes it."""
+    rows = np.ascontiguousarray(vectors, dtype="<f4")
+    width = rows.shape[1] * 4
+    if width % 3:  # rows end mid-quantum: each needs its own encoding
+        return [binascii.b2a_base64(row.data, newline=False) for row in rows]
+    # Rows are whole base64 quanta (384, 768, 1024 dimensions...): encode all at once, then cut.
+    encoded = binascii.b2a_base64(rows.data, newline=False)
+    step = width // 3 * 4
+    return [encoded[i : i + step] for i in range(0, len(encoded), step)]
 
 
 async def embed_tei(state: ServerState, http: Request) -> Response:
