@@ -8,7 +8,7 @@ set -u
 stage=$1
 out=$2
 mkdir -p "$out"
-export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 cores="taskset -c 0-15"  # the reference machine has 16 cores
 weights=.carry/minilm-fp16/model.safetensors
 if [ -f $weights.xz ]; then  # carried compressed to fit the device tool's 64 MiB (DEPLOY.md)
