@@ -57,7 +57,8 @@ two)
   ;;
 load)
   # the server needs its HTTP stack, carried as wheels, and MiniLM from the carried copy
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site ../.whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  # --upgrade: a second run replaces the packages rather than warning about each one
+  python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/site ../.whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
   export PATH=/tmp/site/bin:$PATH  # py-spy, for LOAD_FLAGS="--py-spy PREFIX"
   printf '[models."sentence-transformers/all-MiniLM-L6-v2"]\nsource = "%s"\npooling = "mean"\nmax_seq_len = 256\n' \
     "$(cd .. && pwd)/.carry/minilm-fp16" > /tmp/models.toml

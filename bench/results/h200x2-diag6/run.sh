@@ -4,6 +4,6 @@
 set -u
 out=$1
 mkdir -p "$out"
-lscpu -e > "$out/lscpu.txt" 2>&1
+lscpu -e > "$out/lscpu.txt"
 export CUDA_VISIBLE_DEVICES=0 PASSES=${PASSES:-3} LOADS=sdk:64:split TOKCALLS=$out/tokcalls
-PYTHONPATH=$PWD/bench/results/h200x2-diag6 bench/run_gpu.sh load "$out" 2>&1 | grep -v "^WARNING: Target"
+PYTHONPATH=$PWD/bench/results/h200x2-diag6 bench/run_gpu.sh load "$out"
