@@ -212,13 +212,16 @@ class DeviceWorker:
         # belongs to a batch that is done.
         slot = self._launches % self.replica.accelerator.max_inflight
         self._launches += 1
+        started = time.perf_counter()
         try:
             host = self.replica.pack([item.ids for item in claim.items], slot)
-            return self.replica.accelerator.launch(lambda: self.replica.run(host, slot, unit))
+            launched = self.replica.accelerator.launch(lambda: self.replica.run(host, slot, unit))
         except Exception as exc:
             self.replica.accelerator.synchronize()  # its copies may still read the slot
             self._failed(claim, exc)
             return None
+        self.slot.observe_launch(time.perf_counter() - started)
+        return launched
 
     def _failed(self, claim: Claim, exc: Exception) -> None:
         oom = self.replica.accelerator.is_out_of_memory(exc)
@@ -342,7 +345,7 @@ class Engine:
             accelerator.release_cached_memory()
             return
         replica = Replica(accelerator, model)
-        budget, probe = await self._probe(replica)
+        budget, probe, launch_s = await self._probe(replica)
         for staging in replica.staging:  # texts have two tokens or more with special tokens
             staging.reserve(budget, budget // 2, model.dimensions)
         self.replicas.append(replica)
@@ -354,6 +357,7 @@ class Engine:
             rate=1.0,
             max_inflight=accelerator.max_inflight,
             probe=probe,
+            launch_s=launch_s,
             shares_host=not info.is_cuda,
         )
         self.workers.append(DeviceWorker(self, replica, slot))
@@ -374,9 +378,10 @@ class Engine:
         ids = rng.integers(min(100, vocab - 1), vocab, size=(count, length), dtype=np.int32)
         return pack(list(ids))  # plain memory: probes run one at a time, so nothing needs staging
 
-    async def _probe(self, replica: Replica) -> tuple[int, list[tuple[float, float]]]:
+    async def _probe(self, replica: Replica) -> tuple[int, list[tuple[float, float]], float]:
         """Measure activation bytes per token (for the budget), then the time of a small and
-        a large batch (the scheduler's prior): returns the budget and (tokens, seconds)s."""
+        a large batch (the scheduler's prior): returns the budget, (tokens, seconds)s, and
+        the host seconds a launch took."""
         accelerator = replica.accelerator
         info = accelerator.info
         cap = self.options.max_batch_tokens
@@ -411,15 +416,21 @@ class Engine:
                     texts *= 2
         await self._timed(replica, small)  # warm-up: kernels, allocator
         points = []
+        launches = []
         for batch in (small, large, small, large):
-            points.append((float(batch.tokens), await self._timed(replica, batch)))
-        return budget, points
+            seconds, launch_s = await self._timed(replica, batch)
+            points.append((float(batch.tokens), seconds))
+            launches.append(launch_s)
+        return budget, points, min(launches)
 
-    async def _timed(self, replica: Replica, host: HostBatch) -> float:
+    async def _timed(self, replica: Replica, host: HostBatch) -> tuple[float, float]:
+        """The device seconds a batch took, and the host seconds its launch took."""
         accelerator = replica.accelerator
+        started = time.perf_counter()
         launched = accelerator.launch(lambda: replica.run(host, 0))
+        launch_s = time.perf_counter() - started
         _, seconds = await accelerator.result(launched, self.options.batch_timeout_s)
-        return seconds
+        return seconds, launch_s
 
     def _start_workers(self) -> None:
         for worker in self.workers:

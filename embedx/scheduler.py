@@ -113,11 +113,18 @@ class DeviceSlot:
     busy_s: float = 0.0
     shares_host: bool = False  # computes on the host CPU that tokenization also needs
     last_done_at: float | None = None  # the queue clock when its last batch finished
+    # Seconds a launch holds the host's one event-loop thread, which every device's launches
+    # and the tokenizer's hand-offs share: device time alone misses it (see `_tail_target`).
+    launch_s: float = 0.0
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def active(self) -> bool:
         return self.state is DeviceState.ACTIVE
+
+    def observe_launch(self, seconds: float) -> None:
+        """Record what launching one batch cost the host (a moving average)."""
+        self.launch_s = 0.8 * self.launch_s + 0.2 * seconds if self.launch_s else seconds
 
     def effective_rate(self) -> float:
         return self.speed.effective_rate(self.budget)
@@ -180,13 +187,17 @@ class ConvergingQueue:
         max_inflight: int = 1,
         measured: bool = True,
         probe: Sequence[tuple[float, float]] = (),
+        launch_s: float = 0.0,
         shares_host: bool = False,
     ) -> DeviceSlot:
         """Register a device. `rate` and `fixed_s` are the prior speed: a load-time probe
         (`measured`, with its (tokens, seconds) points) or a static score, which others do
-        not count on until the device is measured."""
+        not count on until the device is measured. `launch_s` is the host's cost of a
+        launch, as far as it is known."""
         speed = SpeedModel(rate, fixed_s, measured=measured, points=probe)
-        slot = DeviceSlot(name, max(1, budget), max_inflight, speed, shares_host=shares_host)
+        slot = DeviceSlot(
+            name, max(1, budget), max_inflight, speed, shares_host=shares_host, launch_s=launch_s
+        )
         self.devices.append(slot)
         return slot
 
@@ -336,7 +347,12 @@ class ConvergingQueue:
         # While texts are still being tokenized, the end is not near: what is queued now is
         # only part of the work, and balancing it as if it were all would cut tiny batches.
         remaining = self.pending_tokens + self.unfed_tokens()
-        start = self._free_at(device, now) + device.speed.fixed
+        # Launching holds the one host thread: a batch cannot start before it is launched,
+        # and the others' launches wait for this one. When the host is the limit (MiniLM
+        # beside a co-tenant-slowed GPU), a small last batch on a slow device costs more
+        # than it saves.
+        host = device.launch_s
+        start = max(self._free_at(device, now), now + host) + device.speed.fixed
 
         def mine(tokens: float) -> float:
             return start + tokens / device.speed.rate
@@ -347,7 +363,7 @@ class ConvergingQueue:
             left = remaining - tokens
             if 0 < left < shortest:
                 left = shortest  # work is whole items: a sliver left over is one more item
-            return self._drain_time(others, left, now)
+            return self._drain_time(others, left, now, host_free=now + host if tokens else now)
 
         def makespan(tokens: float) -> float:
             return max(mine(tokens), theirs(tokens)) if tokens > 0 else theirs(0.0)
@@ -393,15 +409,23 @@ class ConvergingQueue:
                 at += max(0.0, claim.expected_s - (now - claim.started_at))
         return at
 
-    def _drain_time(self, devices: Sequence[DeviceSlot], tokens: float, now: float) -> float:
+    def _drain_time(
+        self,
+        devices: Sequence[DeviceSlot],
+        tokens: float,
+        now: float,
+        host_free: float | None = None,
+    ) -> float:
         """When `devices` together would finish their own claims plus `tokens` more.
 
-        Each device starts once its claims are done and runs full batches, each paying the
-        fixed cost, then one partial batch. Devices not yet measured are not counted on:
-        their speed is only a guess.
+        Each device starts once its claims are done and its next batch is launched (the host
+        thread is free from `host_free` on), then runs full batches, each paying the fixed
+        cost, then one partial batch. Devices not yet measured are not counted on: their
+        speed is only a guess.
         """
         helpers = [d for d in devices if d.speed.samples or d.speed.measured] or list(devices)
-        free = [(self._free_at(d, now), d) for d in helpers]
+        launched = now if host_free is None else host_free
+        free = [(max(self._free_at(d, now), launched + d.launch_s), d) for d in helpers]
         last_free = max(self._free_at(d, now) for d in devices)
         if tokens <= 0:
             return last_free
@@ -585,26 +609,25 @@ class ConvergingQueue:
 
     def _better_left_to_faster(self, device: DeviceSlot) -> bool:
         """Whether, while texts are still arriving, a device should leave what is queued to
-        faster devices that have free batch slots and would finish it sooner.
+        faster devices that would finish all of it, after what they hold, before it could
+        finish its own batch.
 
         Arriving texts wake every device, and whichever runs first would claim them: often a
-        slow one, while a fast one is still awaiting its batch in flight. When the feed sets
-        the pace, that slow batch only costs the host a launch and risks ending last (MiniLM
-        beside a GPU slowed by a co-tenant ran 17% slower than on the fast GPU alone). Once
-        every text is queued, the end game in `_tail_target` decides who takes what."""
+        slow one, while a fast one's batches in flight are done but not yet collected. When
+        the feed sets the pace, that slow batch only costs the host a launch and risks ending
+        last (MiniLM beside a GPU slowed by a co-tenant ran 17% slower than on the fast GPU
+        alone). Once every text is queued, the end game in `_tail_target` decides who takes
+        what."""
         if not self.feeding:
+            return False
+        ranked = self.ranked()
+        faster = ranked[: ranked.index(device)] if device in ranked else ranked
+        if not faster:
             return False
         now = self.clock()
         tokens = min(device.budget, self.pending_tokens)
-        mine = self._free_at(device, now) + device.speed.seconds(tokens)
-        room = 0
-        for faster in self.ranked():
-            if faster is device:
-                break
-            slots = faster.max_inflight - len(faster.inflight)
-            if slots > 0 and self._free_at(faster, now) + faster.speed.seconds(tokens) < mine:
-                room += slots * faster.budget
-        return self.pending_tokens <= room
+        mine = max(self._free_at(device, now), now + device.launch_s) + device.speed.seconds(tokens)
+        return self._drain_time(faster, self.pending_tokens, now) <= mine
 
     def _wake_all(self) -> None:
         for device in self.devices:

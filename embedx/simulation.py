@@ -29,6 +29,9 @@ class FakeDevice:
     score: float | None = None
 
     padded: bool = False  # pays for count * longest (a padded model), else for real tokens
+    # Host seconds a launch takes. Every device launches on the same host thread, one
+    # launch at a time, and a batch starts on its device once launched.
+    launch_s: float = 0.0
 
     def seconds(self, tokens: int, area: int) -> float:
         return self.fixed_s + (area if self.padded else tokens) / self.rate
@@ -87,6 +90,7 @@ def simulate_converging(
             fixed_s=d.fixed_s if d.score is None else 0.0,
             max_inflight=d.max_inflight,
             measured=d.score is None,
+            launch_s=d.launch_s if d.score is None else 0.0,
         )
         for d in devices
     }
@@ -101,12 +105,15 @@ def simulate_converging(
         heapq.heappush(events, (arrival.at, next(order), "arrive", arrival))
 
     def dispatch() -> None:
+        nonlocal now
         for name, slot in slots.items():
             while True:
                 claim = queue.claim(slot)
                 if claim is None:
                     break
                 device = by_name[name]
+                now += device.launch_s  # the host thread launches it, seeing nothing else
+                slot.observe_launch(device.launch_s)
                 start = max(now, free_at[name])
                 finish = start + device.seconds(claim.tokens, claim.area)
                 free_at[name] = finish
@@ -130,7 +137,8 @@ def simulate_converging(
             heapq.heappush(events, (now + fed / arrival.feed_rate, next(order), "chunk", chunk))
 
     while events:
-        now, _, kind, payload = heapq.heappop(events)
+        due, _, kind, payload = heapq.heappop(events)
+        now = max(now, due)  # what fell due while the host thread was launching waits for it
         if kind == "arrive":
             assert isinstance(payload, Arrival)
             arrive(payload)

@@ -313,6 +313,27 @@ def test_while_texts_arrive_a_slow_device_that_asks_first_leaves_them_to_a_faste
     assert queued.tokens["slow"] >= 0.1 * sum(lengths)
 
 
+@pytest.mark.parametrize("feed_rate", [3.7e6, 8e6])
+def test_a_slow_device_whose_launches_cost_the_host_more_than_they_save_sits_out(
+    feed_rate: float,
+) -> None:
+    # Each launch holds the one host thread for 10 ms, so completions and arriving texts wait
+    # for it. Blind to that cost, the slow device took 1 to 3% of the tokens and the pair ran
+    # up to 6% slower than the fast device alone.
+    rng = random.Random(0)
+    lengths = tuple(max(3, min(256, int(rng.lognormvariate(3.6, 0.9)))) for _ in range(40000))
+    fast = FakeDevice("fast", 13e6, 0.002, 262144, 2, launch_s=0.01)
+    slow = FakeDevice("slow", 3e6, 0.004, 262144, 2, launch_s=0.01)
+    arrival = [Arrival(0.0, lengths, feed_rate)]
+    alone = simulate_converging([fast], arrival)
+    pair = simulate_converging([slow, fast], arrival)
+    assert pair.batches["slow"] == 0
+    assert pair.makespan <= 1.001 * alone.makespan
+    # queued all at once, the devices are the limit: the slow one still pays for its launches
+    queued = simulate_converging([slow, fast], [Arrival(0.0, lengths)])
+    assert queued.makespan <= 0.92 * simulate_converging([fast], [Arrival(0.0, lengths)]).makespan
+
+
 def test_texts_fed_slower_than_the_devices_finish_soon_after_the_last_chunk_arrives() -> None:
     # The tokenizer, not the devices, sets the pace: once the last chunk is queued, the two
     # devices share it (plus a few batches' fixed costs), and every text runs once.
