@@ -30,7 +30,7 @@ from embedx.errors import (
 )
 from embedx.models.catalog import ModelSpec, check_template
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype, weight_bytes
-from embedx.models.packing import HostBatch, Staging, pack, to_device
+from embedx.models.packing import HostBatch, Staging, bucketed_rows, pack, to_device
 from embedx.models.pooling import Pooling, check_dimensions, finish
 from embedx.models.tokenizer import TextTokenizer
 from embedx.scheduler import Claim, ConvergingQueue, DeviceSlot
@@ -46,6 +46,8 @@ log = logging.getLogger("embedx.engine")
 HANG_FACTOR = 20  # a batch taking this many times its expected time marks its device hung
 # FlashAttention launches a block row per text, and CUDA allows 65535: batches stay below.
 MAX_BATCH_TEXTS = 32768
+# Token-row counts up to this are all run once at load (see `_probe`): 112 shapes.
+WARM_ROWS = 16384
 SMOKE_TEXT = "embedx smoke test: the quick brown fox jumps over the lazy dog."
 
 
@@ -408,6 +410,10 @@ class Engine:
             for width in sorted({min(w, length) for w in (8, 32, 128, 512, length)}):
                 for tokens in (budget // 32, budget // 8, budget // 2, budget):
                     await self._timed(replica, self._probe_batch(max(tokens, width), width))
+            # A matrix shape cuBLAS meets for the first time makes the host wait for the
+            # device (bench/gemm_shapes.py): most row counts below 16k did on an H200.
+            for rows in bucketed_rows(min(budget, WARM_ROWS)):
+                await self._timed(replica, self._probe_batch(rows, min(length, 16)))
             if replica.model.one_row_per_text:  # every bucketed count of pooled rows
                 texts = 64
                 most = min(budget // 2, self.max_batch_texts)

@@ -22,7 +22,7 @@ from embedx.errors import (
 )
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.loader import EmbeddingModel, resolve_dtype
-from embedx.models.packing import BUCKETED_BELOW, pack, to_device, token_rows
+from embedx.models.packing import BUCKETED_BELOW, bucketed_rows, pack, to_device, token_rows
 from embedx.models.pooling import Pooling, finish, pool
 from embedx.models.source import resolve
 from embedx.models.tokenizer import TextTokenizer
@@ -216,6 +216,11 @@ def test_gpu_batches_below_the_threshold_pad_to_a_few_row_counts() -> None:
     assert all(0 <= r - n < max(16, n / 16) for n, r in zip(counts, padded, strict=True))
     assert all(token_rows(n) == n for n in counts if n >= BUCKETED_BELOW)
     assert len({r for n, r in zip(counts, padded, strict=True) if n < BUCKETED_BELOW}) < 260
+    # the engine runs each count up to a size once at load: bucketed_rows names them all
+    warmed = bucketed_rows(16384)
+    assert {r for n, r in zip(counts, padded, strict=True) if n <= 16384} <= set(warmed)
+    assert warmed == sorted(set(warmed))
+    assert warmed[-1] == 16384
 
 
 def test_a_padded_pack_keeps_the_texts_and_zeroes_the_rest() -> None:

@@ -27,6 +27,14 @@ def token_rows(tokens: int) -> int:
     return -(-tokens // step) * step
 
 
+def bucketed_rows(most: int) -> list[int]:
+    """Every row count `token_rows` pads to, up to `most`."""
+    counts = [token_rows(1)]
+    while counts[-1] < min(most, BUCKETED_BELOW - 1):
+        counts.append(token_rows(counts[-1] + 1))
+    return [rows for rows in counts if rows <= most]
+
+
 @dataclass(frozen=True, slots=True)
 class HostBatch:
     """Token ids of B texts, packed, as one int32 array: ids | positions | segments | cu_seqlens.
