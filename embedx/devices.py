@@ -27,7 +27,10 @@ MIN_BATCH_TOKENS = 256
 # On the CPU larger batches only fall out of the caches: 512 to 4096 tokens ran fastest
 # (all-MiniLM-L6-v2, 2 cores), 16384 a quarter slower.
 CPU_BATCH_TOKENS = 4096
-POLL_S = 0.0005  # CUDA event polling step once a batch is due
+# CUDA event polling step. uvloop counts timers in whole milliseconds and rounds: a 0.5 ms
+# sleep there returned at once, so a loop awaiting a batch spun, taking a core and the
+# interpreter lock from the tokenizer's and the HTTP server's threads.
+POLL_S = 0.001
 
 
 class DeviceHung(RuntimeError):

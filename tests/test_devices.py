@@ -6,7 +6,14 @@ import time
 import pytest
 
 from embedx.config import load_settings
-from embedx.devices import CpuAccelerator, DeviceHung, discover, token_budget
+from embedx.devices import (
+    CpuAccelerator,
+    CudaAccelerator,
+    CudaLaunch,
+    DeviceHung,
+    discover,
+    token_budget,
+)
 from embedx.errors import ConfigError
 from tests.conftest import cpu_info
 
@@ -63,3 +70,35 @@ async def test_a_batch_past_its_deadline_raises_device_hung() -> None:
     with pytest.raises(DeviceHung, match="slowpoke"):
         await accelerator.result(launched, 0.05)
     accelerator.close()
+
+
+class _DoneIn:
+    """Stands for a CUDA event that completes `seconds` after it is made."""
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+
+    def query(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def elapsed_time(self, _end: object) -> float:
+        return 100.0  # milliseconds, as CUDA events report them
+
+
+def test_awaiting_a_gpu_batch_sleeps_between_polls_on_uvloop() -> None:
+    # uvloop rounds timers to whole milliseconds: a shorter poll step spun the loop's thread
+    # at 100% for as long as a batch ran, starving the tokenizer's and the HTTP threads.
+    import uvloop
+
+    accelerator = object.__new__(CudaAccelerator)  # no GPU needed to await an event
+    accelerator.info = cpu_info("gpu")
+    launch = CudaLaunch("rows", _DoneIn(0.0), _DoneIn(0.1), time.monotonic())
+
+    async def await_batch() -> tuple[str, float, float]:
+        cpu = time.thread_time()
+        output, seconds = await accelerator.result(launch, 5.0)
+        return output, seconds, time.thread_time() - cpu
+
+    output, seconds, cpu_s = uvloop.run(await_batch())
+    assert (output, seconds) == ("rows", 0.1)
+    assert cpu_s < 0.03  # a spinning loop burns the whole 0.1 s
