@@ -73,15 +73,18 @@ load)
   # puts the clients on cores 16-31, as clients on other machines would be (it needs 32
   # cores: the two-GPU machine, with CUDA_VISIBLE_DEVICES=0), "shared" leaves them on the
   # server's cores. HTTP=uvicorn serves through bench/serve_uvicorn.py instead of granian;
-  # PASSES sets the timed passes (2), LOAD_FLAGS adds load.py flags.
+  # PASSES sets the timed passes (2), LOAD_MODEL a random shape instead of MiniLM (e.g.
+  # bert-large), LOAD_FLAGS adds load.py flags.
   default="sdk:64:shared sdk:128:shared"
   [ "$(nproc)" -ge 32 ] && default="sdk:64:split sdk:128:split sdk:64:shared"
   for run in ${LOADS:-$default}; do
     IFS=: read -r decoding clients placement <<<"$run"
     flags="--server-cores 0-15"
+    model=${LOAD_MODEL:-minilm}
+    [ "$model" != minilm ] && flags="$flags --model $model"
     [ $decoding = raw-base64 ] && flags="$flags --raw-base64"
     [ $placement = split ] && flags="$flags --client-cores 16-31 --client-processes 16"
-    name=load-minilm-$decoding-$clients-$placement
+    name=load-$model-$decoding-$clients-$placement
     timeout 200 python3 load.py --clients $clients --passes ${PASSES:-2} --http "${HTTP:-granian}" $flags ${LOAD_FLAGS:-} \
       --out "$out/$name.json" >"$out/$name.log" 2>&1
     python3 summarize.py "$out/$name.json"
