@@ -8,6 +8,9 @@ takes the ids out of the encodings into numpy (`collect`, Python work under the 
 - pipelined: embedx's own `TextTokenizer.encode_chunks`, where the next call runs in the
   tokenizer's threads while Python collects the last one;
 - concurrent_4: four calls in flight at once.
+Then long documents (`--long-corpus`, cut to the same 256 tokens): the tokenizer called on
+each whole text, against `TextTokenizer`, which cuts each far longer than that at a space
+first (the same ids: tests/test_models.py).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import asyncio
 import time
 from typing import Any
 
-from common import environment, load_corpus, write_json
+from common import corpus_path, environment, load_corpus, read_texts, write_json
 from throughput import minilm_directory
 
 from embedx.models.source import resolve
@@ -26,6 +29,7 @@ from embedx.models.tokenizer import FIRST_CHUNK, TextTokenizer
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--long-corpus", default="pydocs_pages")
     parser.add_argument("--out")
     args = parser.parse_args()
     texts = load_corpus()
@@ -35,7 +39,7 @@ def main() -> None:
     encodings = rust.encode_batch_fast(texts)
     one_call = time.perf_counter() - started
     started = time.perf_counter()
-    tokens = tokenizer._collect(encodings, truncate=True).ids.size
+    tokens = tokenizer._collect(encodings, texts, truncate=True).ids.size
     collect = time.perf_counter() - started
     result: dict[str, Any] = {
         "benchmark": "tokenization",
@@ -50,20 +54,22 @@ def main() -> None:
     async def sequential(chunk: int) -> None:
         for start in range(0, len(texts), chunk):
             part = texts[start : start + chunk]
-            tokenizer._collect(await rust.async_encode_batch_fast(part), truncate=True)
+            tokenizer._collect(await rust.async_encode_batch_fast(part), part, truncate=True)
 
     async def pipelined() -> None:
         async for _ in tokenizer.encode_chunks(texts):
             pass
 
     async def concurrent(chunk: int, ahead: int) -> None:
-        pending: list[Any] = []
+        pending: list[tuple[Any, list[str]]] = []
         for start in range(0, len(texts), chunk):
-            pending.append(rust.async_encode_batch_fast(texts[start : start + chunk]))
+            part = texts[start : start + chunk]
+            pending.append((rust.async_encode_batch_fast(part), part))
             if len(pending) == ahead:
-                tokenizer._collect(await pending.pop(0), truncate=True)
-        for future in pending:
-            tokenizer._collect(await future, truncate=True)
+                call, done = pending.pop(0)
+                tokenizer._collect(await call, done, truncate=True)
+        for call, done in pending:
+            tokenizer._collect(await call, done, truncate=True)
 
     variants = {
         "sequential_chunk_1024": lambda: sequential(FIRST_CHUNK),
@@ -79,7 +85,25 @@ def main() -> None:
             asyncio.run(variant())
             best = min(best, time.perf_counter() - started)
         result["tokens_per_s"][name] = round(tokens / best)
+    result["long_documents"] = long_documents(tokenizer, read_texts(corpus_path(args.long_corpus)))
+    result["long_documents"]["corpus"] = args.long_corpus
     write_json(result, args.out)
+
+
+def long_documents(tokenizer: TextTokenizer, texts: list[str]) -> dict[str, Any]:
+    """Best of three: each text tokenized whole, and as `TextTokenizer` does (cut first)."""
+    seconds = {}
+    for name, encode in (
+        ("whole_s", lambda: tokenizer._tokenizer.encode_batch_fast(texts)),
+        ("cut_first_s", lambda: tokenizer.encode_now(texts)),
+    ):
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            encode()
+            best = min(best, time.perf_counter() - started)
+        seconds[name] = round(best, 4)
+    return {"texts": len(texts), "chars_per_text": sum(map(len, texts)) // len(texts), **seconds}
 
 
 if __name__ == "__main__":

@@ -300,6 +300,8 @@ def test_info_shows_settings_devices_counters_and_models(server: Server) -> None
     assert model["devices"][0]["dtype"] == "float32"
     assert model["tokenizer"]["calls"] >= 1
     assert model["tokenizer"]["busy_s"] > 0
+    assert model["tokenizer"]["cut_at_chars"] == 16 * model["max_seq_len"]
+    assert model["tokenizer"]["cut_then_retokenized"] == 0
 
 
 def test_metrics_are_prometheus_text(server: Server) -> None:

@@ -1,6 +1,6 @@
-"""Texts to token ids with the model's fast tokenizer: truncation (counted), and batch
-encoding that runs off the event loop in Rust threads, one call at a time, shared by the
-requests that queue texts while it runs."""
+"""Texts to token ids with the model's fast tokenizer: truncation (counted), texts far longer
+than the model reads cut at a space first, and batch encoding that runs off the event loop
+in Rust threads, one call at a time, shared by the requests that queue texts while it runs."""
 
 from __future__ import annotations
 
@@ -28,6 +28,14 @@ if TYPE_CHECKING:
 FIRST_CHUNK = 1024
 CHUNK = 4096
 CALLS_IN_FLIGHT = 1  # calls running at once: two were no faster in the H200 server (load.py)
+# A text longer than this many characters per token the model reads is cut at a space
+# before tokenizing: the tokenizer's time follows the text's length, not what is kept of it.
+# The cut is taken only where it cannot change the kept tokens (`_splits_at_spaces`,
+# `_kept_clear_of_cut`).
+CHARS_PER_TOKEN = 16
+# Those kept tokens must end this many characters before the cut, or the whole text is
+# tokenized: only the end of a cut text can tokenize differently from the whole.
+CUT_MARGIN_CHARS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +62,7 @@ class TextTokenizer:
         self._tokenizer = _load(files)
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_seq_len)
+        self.cut_at = max_seq_len * CHARS_PER_TOKEN if _splits_at_spaces(self._tokenizer) else None
         # tokenizers >= 0.22 encodes in its own threads behind an awaitable
         self._async = hasattr(self._tokenizer, "async_encode_batch_fast")
         self._waiting: list[tuple[list[str], asyncio.Future[list[Encoding]]]] = []
@@ -61,6 +70,7 @@ class TextTokenizer:
         # For /info: when tokenizing limits a server, its busy share nears 1.
         self.calls = 0
         self.texts = 0
+        self.recut = 0  # cut texts tokenized whole after all (see `_redo_unclean_cuts`)
         self.busy_s = 0.0
         self._busy_since = 0.0
 
@@ -73,11 +83,11 @@ class TextTokenizer:
         bounds = chunk_bounds(len(texts))
         ahead = self._start(texts[slice(*bounds[0])])
         try:
-            for i, (start, _) in enumerate(bounds):
+            for i, (start, stop) in enumerate(bounds):
                 encodings = await ahead
                 if i + 1 < len(bounds):
                     ahead = self._start(texts[slice(*bounds[i + 1])])
-                yield start, self._collect(encodings, truncate, offset=start)
+                yield start, self._collect(encodings, texts[start:stop], truncate, offset=start)
         finally:
             ahead.cancel()  # the caller stopped early: its texts leave the next call
 
@@ -85,7 +95,7 @@ class TextTokenizer:
         """Queue texts for the tokenizer: they go in the current call if none is running,
         else in the next one, together with whatever else arrives until then."""
         future: asyncio.Future[list[Encoding]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((list(texts), future))
+        self._waiting.append((self._cut(texts), future))
         if self._calling < CALLS_IN_FLIGHT:
             self._call_next()
         return future
@@ -140,13 +150,27 @@ class TextTokenizer:
 
     def encode_now(self, texts: Sequence[str], *, truncate: bool = True) -> Encoded:
         """Blocking encode, for load-time probes and tools."""
-        return self._collect(self._tokenizer.encode_batch_fast(list(texts)), truncate)
+        encodings = self._tokenizer.encode_batch_fast(self._cut(texts))
+        return self._collect(encodings, texts, truncate)
 
-    def _collect(self, encodings: list[Encoding], truncate: bool, offset: int = 0) -> Encoded:
+    def _cut(self, texts: Sequence[str]) -> list[str]:
+        """The texts, each far longer than the model reads cut at a space (`cut_at`)."""
+        limit = self.cut_at
+        if limit is None:
+            return list(texts)
+        return [text if len(text) <= limit else _cut_at_space(text, limit) for text in texts]
+
+    def _collect(
+        self, encodings: list[Encoding], texts: Sequence[str], truncate: bool, offset: int = 0
+    ) -> Encoded:
         with gc_paused():
-            return self._gather(encodings, truncate, offset)
+            return self._gather(encodings, texts, truncate, offset)
 
-    def _gather(self, encodings: list[Encoding], truncate: bool, offset: int) -> Encoded:
+    def _gather(
+        self, encodings: list[Encoding], texts: Sequence[str], truncate: bool, offset: int
+    ) -> Encoded:
+        if self.cut_at is not None:
+            self._redo_unclean_cuts(encodings, texts, self.cut_at)
         # One int32 array per chunk: the ids' Python ints live only while they are copied,
         # so tens of thousands of texts leave no garbage for the collector to scan.
         lengths = list(map(len, encodings))
@@ -169,6 +193,59 @@ class TextTokenizer:
             )
         offsets = [0, *accumulate(lengths)][:-1]
         return Encoded(ids, offsets, lengths, len(truncated))
+
+    def _redo_unclean_cuts(
+        self, encodings: list[Encoding], texts: Sequence[str], limit: int
+    ) -> None:
+        """Tokenize whole, in place, each cut text whose kept tokens reach near the cut: its
+        end may tokenize differently from the whole text's (rare: its tokens would have to
+        average nearly CHARS_PER_TOKEN characters)."""
+        redo = [
+            i
+            for i, text in enumerate(texts)
+            if len(text) > limit and not _kept_clear_of_cut(encodings[i], text, limit)
+        ]
+        if redo:
+            self.recut += len(redo)
+            whole = self._tokenizer.encode_batch_fast([texts[i] for i in redo])
+            for i, encoding in zip(redo, whole, strict=True):
+                encodings[i] = encoding
+
+
+def _cut_at_space(text: str, limit: int) -> str:
+    """`text` up to its last run of spaces within `limit` characters; whole if it has none."""
+    end = text.rfind(" ", 0, limit)
+    head = text[:end].rstrip(" ") if end > 0 else ""
+    return head or text
+
+
+def _kept_clear_of_cut(encoding: Encoding, text: str, limit: int) -> bool:
+    """Whether the tokens kept of a cut text all end CUT_MARGIN_CHARS before the cut (or the
+    text was not cut): then the whole text gives the same ones."""
+    cut = len(_cut_at_space(text, limit))
+    if cut == len(text):
+        return True
+    if not encoding.overflowing:
+        return False  # all of the cut text fit: the rest of the text would have been read
+    return max(end for _, end in encoding.offsets) <= cut - CUT_MARGIN_CHARS
+
+
+_PROBE = "alpha beta gamma delta"
+
+
+def _splits_at_spaces(tokenizer: Tokenizer) -> bool:
+    """Whether the tokenizer splits text into words at spaces before tokenizing each word on
+    its own (BERT, byte-level BPE, Metaspace and the like): then a text cut before a space
+    keeps its earlier words, and their tokens, as the whole text has them."""
+    pre = tokenizer.pre_tokenizer
+    if pre is None:
+        return False
+    text = tokenizer.normalizer.normalize_str(_PROBE) if tokenizer.normalizer else _PROBE
+    gaps = [k for k in range(1, len(text) - 1) if not text[k].isalpha() and text[k - 1].isalpha()]
+    if len(gaps) != _PROBE.count(" "):
+        return False  # the normalizer did more to the spaces than mark them
+    words = [span for _, span in pre.pre_tokenize_str(text)]
+    return not any(start < gap < end - 1 for gap in gaps for start, end in words)
 
 
 def chunk_bounds(count: int) -> list[tuple[int, int]]:
