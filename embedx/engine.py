@@ -348,8 +348,11 @@ class Engine:
             return
         replica = Replica(accelerator, model)
         budget, probe, launch_s = await self._probe(replica)
-        for staging in replica.staging:  # texts have two tokens or more with special tokens
-            staging.reserve(budget, budget // 2, model.dimensions)
+        # A batch holds at most max_batch_texts texts, and at most budget // 2 (texts have
+        # two tokens or more with special tokens): pinned memory for no more rows than that.
+        rows = min(budget // 2, self.max_batch_texts)
+        for staging in replica.staging:
+            staging.reserve(budget, rows, model.dimensions)
         self.replicas.append(replica)
         self.dimensions = model.dimensions
         self.dtypes[info.label] = dtype
