@@ -327,6 +327,16 @@ def test_docs_and_openapi_describe_every_route(server: Server) -> None:
     assert "input" in request["content"]["application/json"]["schema"]["properties"]
 
 
+def test_the_openapi_request_schemas_name_exactly_the_fields_the_server_accepts() -> None:
+    from embedx.server.openapi import openapi_spec
+    from embedx.server.validation import OPENAI_FIELDS, TEI_FIELDS
+
+    paths = openapi_spec()["paths"]
+    for path, fields in (("/v1/embeddings", OPENAI_FIELDS), ("/embed", TEI_FIELDS)):
+        schema = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert set(schema["properties"]) == fields, path
+
+
 def test_a_client_that_hangs_up_has_its_texts_dropped(
     server: Server, reference_texts: list[str]
 ) -> None:
