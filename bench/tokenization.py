@@ -39,7 +39,7 @@ def main() -> None:
     encodings = rust.encode_batch_fast(texts)
     one_call = time.perf_counter() - started
     started = time.perf_counter()
-    tokens = tokenizer._collect(encodings, texts, truncate=True).ids.size
+    tokens = tokenizer._collect(encodings, truncate=True).ids.size
     collect = time.perf_counter() - started
     result: dict[str, Any] = {
         "benchmark": "tokenization",
@@ -54,22 +54,20 @@ def main() -> None:
     async def sequential(chunk: int) -> None:
         for start in range(0, len(texts), chunk):
             part = texts[start : start + chunk]
-            tokenizer._collect(await rust.async_encode_batch_fast(part), part, truncate=True)
+            tokenizer._collect(await rust.async_encode_batch_fast(part), truncate=True)
 
     async def pipelined() -> None:
         async for _ in tokenizer.encode_chunks(texts):
             pass
 
     async def concurrent(chunk: int, ahead: int) -> None:
-        pending: list[tuple[Any, list[str]]] = []
+        pending: list[Any] = []
         for start in range(0, len(texts), chunk):
-            part = texts[start : start + chunk]
-            pending.append((rust.async_encode_batch_fast(part), part))
+            pending.append(rust.async_encode_batch_fast(texts[start : start + chunk]))
             if len(pending) == ahead:
-                call, done = pending.pop(0)
-                tokenizer._collect(await call, done, truncate=True)
-        for call, done in pending:
-            tokenizer._collect(await call, done, truncate=True)
+                tokenizer._collect(await pending.pop(0), truncate=True)
+        for future in pending:
+            tokenizer._collect(await future, truncate=True)
 
     variants = {
         "sequential_chunk_1024": lambda: sequential(FIRST_CHUNK),

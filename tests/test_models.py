@@ -168,14 +168,13 @@ def test_long_texts_are_cut_before_tokenizing_and_keep_the_same_tokens(
     tokenizer = TextTokenizer(ModelFiles(tmp_path, (), {}), length)
     assert tokenizer.cut_at == 16 * length
     awkward = [
-        " ".join(["x" * 150] * 100),  # words of one token each over 100 characters: not cut
+        " ".join(["x" * 150] * 100),  # WordPiece makes each 150-character word one [UNK]
         "日本語の文章" * 2000,  # no spaces: tokenized whole
         "word " * 2000 + "end",
         "a" + " " * 3000 + "b " * 500,
     ]
     texts = reference_texts + awkward
-    cut = sum(len(t) > 16 * length for t in texts)
-    assert cut > 20
+    assert sum(len(t) > 16 * length for t in texts) > 20  # enough texts to cut
     whole = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     whole.no_padding()
     whole.enable_truncation(length)
@@ -183,7 +182,18 @@ def test_long_texts_are_cut_before_tokenizing_and_keep_the_same_tokens(
     encoded = tokenizer.encode_now(texts)
     assert [list(ids) for ids in encoded.views()] == [e.ids for e in expected]
     assert encoded.truncated == sum(bool(e.overflowing) for e in expected)
-    assert tokenizer.recut <= 2  # the over-long words, and no ordinary text
+    # tokenized whole after the cut: only awkward texts (a cut leaving one word, one-token
+    # words of 150 characters), never an ordinary one
+    assert 1 <= tokenizer.recut <= 2
+
+    async def served() -> list[list[int]]:  # the server's way: chunks, off the event loop
+        return [
+            list(ids) async for _, chunk in tokenizer.encode_chunks(texts) for ids in chunk.views()
+        ]
+
+    recut = tokenizer.recut
+    assert asyncio.run(served()) == [e.ids for e in expected]
+    assert tokenizer.recut == 2 * recut  # the same texts tokenized whole again, off the loop
 
 
 def test_a_tokenizer_that_does_not_split_at_spaces_never_cuts(tmp_path: Path) -> None:

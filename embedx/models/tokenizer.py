@@ -70,7 +70,7 @@ class TextTokenizer:
         # For /info: when tokenizing limits a server, its busy share nears 1.
         self.calls = 0
         self.texts = 0
-        self.recut = 0  # cut texts tokenized whole after all (see `_redo_unclean_cuts`)
+        self.recut = 0  # cut texts tokenized whole after all (see `_unclean_cuts`)
         self.busy_s = 0.0
         self._busy_since = 0.0
 
@@ -87,15 +87,20 @@ class TextTokenizer:
                 encodings = await ahead
                 if i + 1 < len(bounds):
                     ahead = self._start(texts[slice(*bounds[i + 1])])
-                yield start, self._collect(encodings, texts[start:stop], truncate, offset=start)
+                redo = self._unclean_cuts(encodings, texts[start:stop])
+                if redo:  # in the tokenizer's threads too: a long text could hold the loop
+                    whole = await self._start([texts[start + j] for j in redo], cut=False)
+                    _replace(encodings, redo, whole)
+                yield start, self._collect(encodings, truncate, offset=start)
         finally:
             ahead.cancel()  # the caller stopped early: its texts leave the next call
 
-    def _start(self, texts: Sequence[str]) -> asyncio.Future[list[Encoding]]:
-        """Queue texts for the tokenizer: they go in the current call if none is running,
-        else in the next one, together with whatever else arrives until then."""
+    def _start(self, texts: Sequence[str], cut: bool = True) -> asyncio.Future[list[Encoding]]:
+        """Queue texts (cut first, unless told not to) for the tokenizer: they go in the
+        current call if none is running, else in the next one, together with whatever else
+        arrives until then."""
         future: asyncio.Future[list[Encoding]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((self._cut(texts), future))
+        self._waiting.append((self._cut(texts) if cut else list(texts), future))
         if self._calling < CALLS_IN_FLIGHT:
             self._call_next()
         return future
@@ -151,7 +156,10 @@ class TextTokenizer:
     def encode_now(self, texts: Sequence[str], *, truncate: bool = True) -> Encoded:
         """Blocking encode, for load-time probes and tools."""
         encodings = self._tokenizer.encode_batch_fast(self._cut(texts))
-        return self._collect(encodings, texts, truncate)
+        redo = self._unclean_cuts(encodings, texts)
+        if redo:
+            _replace(encodings, redo, self._tokenizer.encode_batch_fast([texts[i] for i in redo]))
+        return self._collect(encodings, truncate)
 
     def _cut(self, texts: Sequence[str]) -> list[str]:
         """The texts, each far longer than the model reads cut at a space (`cut_at`)."""
@@ -160,17 +168,26 @@ class TextTokenizer:
             return list(texts)
         return [text if len(text) <= limit else _cut_at_space(text, limit) for text in texts]
 
-    def _collect(
-        self, encodings: list[Encoding], texts: Sequence[str], truncate: bool, offset: int = 0
-    ) -> Encoded:
-        with gc_paused():
-            return self._gather(encodings, texts, truncate, offset)
+    def _unclean_cuts(self, encodings: list[Encoding], texts: Sequence[str]) -> list[int]:
+        """Which cut texts must be tokenized whole after all: those whose kept tokens reach
+        near the cut, where a cut text may tokenize differently from the whole (rare: its
+        tokens would have to average nearly CHARS_PER_TOKEN characters)."""
+        limit = self.cut_at
+        if limit is None:
+            return []
+        redo = [
+            i
+            for i, text in enumerate(texts)
+            if len(text) > limit and not _kept_clear_of_cut(encodings[i], text, limit)
+        ]
+        self.recut += len(redo)
+        return redo
 
-    def _gather(
-        self, encodings: list[Encoding], texts: Sequence[str], truncate: bool, offset: int
-    ) -> Encoded:
-        if self.cut_at is not None:
-            self._redo_unclean_cuts(encodings, texts, self.cut_at)
+    def _collect(self, encodings: list[Encoding], truncate: bool, offset: int = 0) -> Encoded:
+        with gc_paused():
+            return self._gather(encodings, truncate, offset)
+
+    def _gather(self, encodings: list[Encoding], truncate: bool, offset: int) -> Encoded:
         # One int32 array per chunk: the ids' Python ints live only while they are copied,
         # so tens of thousands of texts leave no garbage for the collector to scan.
         lengths = list(map(len, encodings))
@@ -194,22 +211,10 @@ class TextTokenizer:
         offsets = [0, *accumulate(lengths)][:-1]
         return Encoded(ids, offsets, lengths, len(truncated))
 
-    def _redo_unclean_cuts(
-        self, encodings: list[Encoding], texts: Sequence[str], limit: int
-    ) -> None:
-        """Tokenize whole, in place, each cut text whose kept tokens reach near the cut: its
-        end may tokenize differently from the whole text's (rare: its tokens would have to
-        average nearly CHARS_PER_TOKEN characters)."""
-        redo = [
-            i
-            for i, text in enumerate(texts)
-            if len(text) > limit and not _kept_clear_of_cut(encodings[i], text, limit)
-        ]
-        if redo:
-            self.recut += len(redo)
-            whole = self._tokenizer.encode_batch_fast([texts[i] for i in redo])
-            for i, encoding in zip(redo, whole, strict=True):
-                encodings[i] = encoding
+
+def _replace(encodings: list[Encoding], positions: list[int], others: list[Encoding]) -> None:
+    for i, encoding in zip(positions, others, strict=True):
+        encodings[i] = encoding
 
 
 def _cut_at_space(text: str, limit: int) -> str:
