@@ -348,11 +348,8 @@ class Engine:
             return
         replica = Replica(accelerator, model)
         budget, probe, launch_s = await self._probe(replica)
-        # A batch holds at most max_batch_texts texts, and at most budget // 2 (texts have
-        # two tokens or more with special tokens): pinned memory for no more rows than that.
-        rows = min(budget // 2, self.max_batch_texts)
-        for staging in replica.staging:
-            staging.reserve(budget, rows, model.dimensions)
+        for staging in replica.staging:  # pinned memory for the largest batch, no more
+            staging.reserve(budget, self._most_texts(budget), model.dimensions)
         self.replicas.append(replica)
         self.dimensions = model.dimensions
         self.dtypes[info.label] = dtype
@@ -375,6 +372,11 @@ class Engine:
             slot.speed.rate,
             slot.speed.fixed * 1000,
         )
+
+    def _most_texts(self, budget: int) -> int:
+        """The most texts a batch of `budget` tokens can hold: max_batch_texts, and half the
+        budget, since texts have two tokens or more with special tokens."""
+        return min(budget // 2, self.max_batch_texts)
 
     def _probe_batch(self, tokens: int, length: int) -> HostBatch:
         vocab = int(self.files.config.get("vocab_size") or 1000)
@@ -419,8 +421,7 @@ class Engine:
                 await self._timed(replica, self._probe_batch(rows, min(length, 16)))
             if replica.model.one_row_per_text:  # every bucketed count of pooled rows
                 texts = 64
-                most = min(budget // 2, self.max_batch_texts)
-                while texts <= max(64, most):  # texts have two tokens or more
+                while texts <= max(64, self._most_texts(budget)):
                     await self._timed(replica, self._probe_batch(2 * texts, 2))
                     texts *= 2
         await self._timed(replica, small)  # warm-up: kernels, allocator

@@ -620,8 +620,8 @@ class ConvergingQueue:
         what."""
         if not self.feeding:
             return False
-        ranked = self.ranked()
-        faster = ranked[: ranked.index(device)] if device in ranked else ranked
+        ranked = self.ranked()  # `claim` asks only for active devices: this one is there
+        faster = ranked[: ranked.index(device)]
         if not faster:
             return False
         now = self.clock()

@@ -217,17 +217,23 @@ def _replace(encodings: list[Encoding], positions: list[int], others: list[Encod
         encodings[i] = encoding
 
 
-def _cut_at_space(text: str, limit: int) -> str:
-    """`text` up to its last run of spaces within `limit` characters; whole if it has none."""
+def _cut_length(text: str, limit: int) -> int:
+    """Where `text` is cut: before its last run of spaces within `limit` characters; its
+    whole length if it has none."""
     end = text.rfind(" ", 0, limit)
-    head = text[:end].rstrip(" ") if end > 0 else ""
-    return head or text
+    while end > 0 and text[end - 1] == " ":
+        end -= 1
+    return end if end > 0 else len(text)
+
+
+def _cut_at_space(text: str, limit: int) -> str:
+    return text[: _cut_length(text, limit)]
 
 
 def _kept_clear_of_cut(encoding: Encoding, text: str, limit: int) -> bool:
     """Whether the tokens kept of a cut text all end CUT_MARGIN_CHARS before the cut (or the
     text was not cut): then the whole text gives the same ones."""
-    cut = len(_cut_at_space(text, limit))
+    cut = _cut_length(text, limit)
     if cut == len(text):
         return True
     if not encoding.overflowing:
