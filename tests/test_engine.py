@@ -133,6 +133,11 @@ async def test_an_over_long_text_with_truncation_off_is_refused_and_nothing_is_q
         with pytest.raises(InputTooLong, match="input 0 "):
             await engine.embed(["word " * 400], EmbedOptions(truncate=False))
         assert engine.queue.pending_items == 0
+        # long enough to be cut at a space before tokenizing: refused the same way
+        assert len("word " * 2000) > engine.tokenizer.cut_at
+        with pytest.raises(InputTooLong, match="input 1 "):
+            await engine.embed(["short", "word " * 2000], EmbedOptions(truncate=False))
+        assert engine.queue.pending_items == 0
         # past the first tokenizer call: its place in the whole list, and the texts of the
         # calls before it leave the queue with the request
         texts = ["short text"] * 6000
