@@ -8,7 +8,8 @@ take turns, and each reports its median of --runs. For the converging queue: eac
 share of the tokens and how long it sat idle before the last batch finished (its end idle).
 Static splits run one engine per device on a fixed share of the tokens (the longest texts
 to the first), concurrently: even, by static device score, and the best ratio found by
-search in hindsight (two devices).
+search in hindsight (two devices). They too take turns and report their median of --runs:
+the best of single runs would be the luckiest run, not the best ratio.
 """
 
 from __future__ import annotations
@@ -74,18 +75,8 @@ async def alternating(engines: dict[str, Any], texts: list[str], runs: int) -> d
     return result
 
 
-async def static_split(
-    engines: list[Any], texts: list[str], shares: list[float], lengths: list[int]
-) -> dict[str, Any]:
-    """Each engine embeds a fixed contiguous range of the length-sorted texts, concurrently;
-    `shares` are shares of the tokens (`lengths` holds each text's), the first engine taking
-    the longest texts."""
-    from embedx.simulation import split_by_tokens
-
-    parts = [[texts[i] for i in part] for part in split_by_tokens(lengths, shares)]
-    for engine, part in zip(engines, parts, strict=True):
-        if part:
-            await engine.embed(part[: max(1, len(part) // 20)])
+async def static_split(engines: list[Any], parts: list[list[str]]) -> list[float]:
+    """One run: each engine embeds its part, concurrently; when each finished."""
 
     async def run(engine: Any, part: list[str]) -> float:
         if part:
@@ -94,12 +85,44 @@ async def static_split(
 
     started = time.monotonic()
     finished = await asyncio.gather(*(run(e, p) for e, p in zip(engines, parts, strict=True)))
-    makespan = max(finished) - started
-    return {
-        "token_shares": [round(s / sum(shares), 4) for s in shares],
-        "makespan_s": makespan,
-        "end_idle_s": [round(max(finished) - f, 4) for f in finished],
+    return [f - started for f in finished]
+
+
+async def static_splits(
+    engines: list[Any],
+    texts: list[str],
+    splits: dict[str, list[float]],
+    lengths: list[int],
+    runs: int,
+) -> dict[str, dict[str, Any]]:
+    """Each split's median run of `runs`, the splits taking turns as the policies above do.
+    A split gives each engine a fixed contiguous range of the length-sorted texts: `shares`
+    are shares of the tokens (`lengths` holds each text's), the first engine taking the
+    longest texts."""
+    from embedx.simulation import split_by_tokens
+
+    parts = {
+        name: [[texts[i] for i in part] for part in split_by_tokens(lengths, shares)]
+        for name, shares in splits.items()
     }
+    for split in parts.values():  # a warm-up each: every engine meets its part's shapes
+        await static_split(engines, [part[: max(1, len(part) // 20)] for part in split])
+    trials: dict[str, list[list[float]]] = {name: [] for name in splits}
+    for _ in range(runs):
+        for name, split in parts.items():
+            trials[name].append(await static_split(engines, split))
+    result = {}
+    for name, got in trials.items():
+        ordered = sorted(got, key=max)
+        median = ordered[len(ordered) // 2]
+        shares = splits[name]
+        result[name] = {
+            "token_shares": [round(s / sum(shares), 4) for s in shares],
+            "makespan_s": max(median),
+            "end_idle_s": [round(max(median) - f, 4) for f in median],
+            "runs_s": [round(max(run), 4) for run in got],
+        }
+    return result
 
 
 def token_lengths(directory: Path, length: int, texts: list[str]) -> list[int]:
@@ -130,14 +153,13 @@ async def measure(
             await open_engine(directory, pooling, length, k, args.max_batch_tokens) for k in keys
         ]
         lengths = token_lengths(directory, length, texts)
-        static: dict[str, Any] = {
-            "even": await static_split(engines, texts, [1.0] * len(keys), lengths),
-            "by_score": await static_split(engines, texts, [scores[k] for k in keys], lengths),
-        }
+        splits = {"even": [1.0] * len(keys), "by_score": [scores[k] for k in keys]}
         if len(keys) == 2:
-            trials = {}
-            for share in args.oracle_grid:
-                trials[share] = await static_split(engines, texts, [share, 1 - share], lengths)
+            splits.update({str(share): [share, 1 - share] for share in args.oracle_grid})
+        timed = await static_splits(engines, texts, splits, lengths, args.runs)
+        static: dict[str, Any] = {"even": timed["even"], "by_score": timed["by_score"]}
+        if len(keys) == 2:
+            trials = {share: timed[str(share)] for share in args.oracle_grid}
             best = min(trials, key=lambda s: trials[s]["makespan_s"])
             static["best_in_hindsight"] = trials[best]
             static["search"] = {str(k): round(v["makespan_s"], 4) for k, v in trials.items()}

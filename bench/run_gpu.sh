@@ -32,8 +32,9 @@ single)
   done
   ;;
 two)
-  # one GPU against both, 16 cores either way (the peers are measured by `single`)
-  for model in ${TWO:-minilm bert-large}; do
+  # one GPU against both, 16 cores either way (the peers are measured by `single`);
+  # TWO="" skips this part
+  for model in ${TWO-minilm bert-large}; do
     for devices in 0 0,1; do
       name=$([ $devices = 0 ] && echo one-gpu || echo two-gpus)
       timeout 120 $cores python3 throughput.py $model --devices $devices --skip transformers sentence_transformers \
@@ -45,13 +46,15 @@ two)
   # They load the card, not our cores: on cores 16-31 where the machine has them.
   # The static splits' grid brackets the share the converging queue found (printed as
   # `shares`): MiniLM gives GPU 0 about 0.9 of the tokens or all of them, BERT-large about
-  # 0.8. MiniLM runs vary by a few percent from one to the next: it gets nine runs.
+  # 0.8. MiniLM runs vary by up to 10% from one to the next: it gets fifteen runs.
+  # COTENANT_MODELS picks the models (both by default).
   cotenant="python3 cotenant.py --device 1 --seconds 500"
   [ "$(nproc)" -ge 32 ] && cotenant="taskset -c 16-31 $cotenant"
   $cotenant & $cotenant &
   sleep 5
-  for run in minilm:9:0.85,0.9,0.95,0.98 bert-large:3:0.7,0.75,0.8,0.85; do
+  for run in minilm:15:0.85,0.9,0.95,0.98 bert-large:3:0.7,0.75,0.8,0.85; do
     IFS=: read -r model runs grid <<<"$run"
+    [[ " ${COTENANT_MODELS:-minilm bert-large} " == *" $model "* ]] || continue
     timeout 220 $cores python3 mixed.py $model --devices 0,1 --static --oracle-grid ${grid//,/ } --runs $runs \
       --note "GPU 1 shared with two co-tenant processes running bf16 8192^3 matrix products" \
       --out "$out/mixed-$model-cotenant.json" >"$out/mixed-$model-cotenant.log" 2>&1
