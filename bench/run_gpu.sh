@@ -55,7 +55,7 @@ two)
   for run in minilm:15:0.85,0.9,0.95,0.98 bert-large:3:0.7,0.75,0.8,0.85; do
     IFS=: read -r model runs grid <<<"$run"
     [[ " ${COTENANT_MODELS:-minilm bert-large} " == *" $model "* ]] || continue
-    timeout 220 $cores python3 mixed.py $model --devices 0,1 --static --oracle-grid ${grid//,/ } --runs $runs \
+    timeout 400 $cores python3 mixed.py $model --devices 0,1 --static --oracle-grid ${grid//,/ } --runs $runs \
       --note "GPU 1 shared with two co-tenant processes running bf16 8192^3 matrix products" \
       --out "$out/mixed-$model-cotenant.json" >"$out/mixed-$model-cotenant.log" 2>&1
     python3 summarize.py "$out/mixed-$model-cotenant.json"
