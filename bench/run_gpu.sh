@@ -88,7 +88,7 @@ load)
     [ $decoding = raw-base64 ] && flags="$flags --raw-base64"
     [ $placement = split ] && flags="$flags --client-cores 16-31 --client-processes 16"
     name=load-$model-$decoding-$clients-$placement
-    timeout 200 python3 load.py --clients $clients --passes ${PASSES:-2} --http "${HTTP:-granian}" $flags ${LOAD_FLAGS:-} \
+    timeout 300 python3 load.py --clients $clients --passes ${PASSES:-2} --http "${HTTP:-granian}" $flags ${LOAD_FLAGS:-} \
       --out "$out/$name.json" >"$out/$name.log" 2>&1
     python3 summarize.py "$out/$name.json"
   done
