@@ -302,8 +302,9 @@ def _counters(base_url: str) -> dict[str, dict[str, float]]:
     for model in info["models"]:
         for device in model.get("devices", []):
             counters[device["device"]] = {k: device[k] for k in ("batches", "tokens", "busy_s")}
-        for key, value in model.get("tokenizer", {}).items():
-            counters["tokenizer"][key] += value
+        tokenizer = model.get("tokenizer", {})
+        for key in counters["tokenizer"]:  # /info shows settings there too: sum only these
+            counters["tokenizer"][key] += tokenizer.get(key, 0)
     return counters
 
 
