@@ -67,6 +67,7 @@ def instrument(engine: Any, record: Recorder) -> None:
                 pending=pending,
                 feeding=feeding,
                 asked=asked.get(device.name),
+                expected_s=round(got.expected_s, 5),
                 budget=device.budget,
                 inflight=len(device.inflight),
             )
