@@ -123,9 +123,11 @@ def tokenize_only(directory: Path, texts: list[str], length: int) -> dict[str, A
 async def run_embedx(
     directory: Path, pooling: str, length: int, texts: list[str], args: argparse.Namespace
 ) -> tuple[dict[str, Any], np.ndarray]:
+    load_started = time.perf_counter()
     engine = await open_engine(
         directory, pooling, length, args.devices, args.max_batch_tokens, name=args.model
     )
+    load_s = time.perf_counter() - load_started  # weights, probes and warm-up shapes
     try:
         await engine.embed(texts)  # warm-up, as the peers get: allocations, page faults
         before = {d["device"]: d for d in engine.describe()["devices"]}
@@ -164,6 +166,7 @@ async def run_embedx(
         "peak_memory_bytes": _peak(args.device),
         "padding_waste": padded / (padded + result.tokens),
         "implementation": described["implementation"],
+        "load_s": round(load_s, 2),
         "devices": described["devices"],
     }, result.vectors
 
