@@ -108,13 +108,13 @@ async def measure(args: argparse.Namespace, directory: Path, pooling: str, lengt
         batches = real_batches(directory, length, args.batches, budget)
         rows = []
         for i, ids in enumerate(batches):
-            host = replica.pack(ids, i % 2)
+            host = replica.pack(ids, i % 2, budget)
             steps = launch_steps(replica, host, i % 2)
             lengths = [len(x) for x in ids]
             shape = {"texts": len(ids), "tokens": sum(lengths), "longest": max(lengths)}
             rows.append({**shape, **steps})
         worst = max(range(len(rows)), key=lambda i: rows[i]["forward"] + rows[i]["copy"])
-        table = profiled(replica, replica.pack(batches[worst], 0))
+        table = profiled(replica, replica.pack(batches[worst], 0, budget))
     finally:
         await engine.close()
     return rows, worst, table

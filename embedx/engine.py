@@ -46,8 +46,6 @@ log = logging.getLogger("embedx.engine")
 HANG_FACTOR = 20  # a batch taking this many times its expected time marks its device hung
 # FlashAttention launches a block row per text, and CUDA allows 65535: batches stay below.
 MAX_BATCH_TEXTS = 32768
-# Token-row counts up to this are all run once at load (see `_probe`): 112 shapes.
-WARM_ROWS = 16384
 SMOKE_TEXT = "embedx smoke test: the quick brown fox jumps over the lazy dog."
 
 
@@ -141,9 +139,12 @@ class Replica:
         cuda = accelerator.device.type == "cuda"
         self.staging = [Staging() for _ in range(accelerator.max_inflight)] if cuda else []
 
-    def pack(self, token_ids: Sequence[np.ndarray], slot: int) -> HostBatch:
-        cuda = bool(self.staging)  # a GPU: see packing.token_rows
-        return pack(token_ids, self.staging[slot] if cuda else None, bucket=cuda)
+    def pack(self, token_ids: Sequence[np.ndarray], slot: int, budget: int) -> HostBatch:
+        """On a GPU, in the slot's pinned memory and padded to a row count that was run at
+        load (see packing.token_rows)."""
+        if not self.staging:
+            return pack(token_ids)
+        return pack(token_ids, self.staging[slot], budget)
 
     def run(self, host: HostBatch, slot: int, unit: bool = False) -> torch.Tensor:
         """Enqueue one batch (on the accelerator's stream): its vectors, L2-normalized if
@@ -216,7 +217,7 @@ class DeviceWorker:
         self._launches += 1
         started = time.perf_counter()
         try:
-            host = self.replica.pack([item.ids for item in claim.items], slot)
+            host = self.replica.pack([item.ids for item in claim.items], slot, self.slot.budget)
             launched = self.replica.accelerator.launch(lambda: self.replica.run(host, slot, unit))
         except Exception as exc:
             self.replica.accelerator.synchronize()  # its copies may still read the slot
@@ -379,11 +380,11 @@ class Engine:
         return min(budget // 2, self.max_batch_texts)
 
     def _probe_batch(self, tokens: int, length: int) -> HostBatch:
+        """Random texts of `length` tokens (the last one shorter), `tokens` rows in all."""
         vocab = int(self.files.config.get("vocab_size") or 1000)
         rng = np.random.default_rng(0)
-        count = max(1, tokens // length)
-        ids = rng.integers(min(100, vocab - 1), vocab, size=(count, length), dtype=np.int32)
-        return pack(list(ids))  # plain memory: probes run one at a time, so nothing needs staging
+        ids = rng.integers(min(100, vocab - 1), vocab, size=max(1, tokens), dtype=np.int32)
+        return pack(np.split(ids, range(length, len(ids), length)))  # no staging: one at a time
 
     async def _probe(self, replica: Replica) -> tuple[int, list[tuple[float, float]], float]:
         """Measure activation bytes per token (for the budget), then the time of a small and
@@ -416,8 +417,8 @@ class Engine:
                 for tokens in (budget // 32, budget // 8, budget // 2, budget):
                     await self._timed(replica, self._probe_batch(max(tokens, width), width))
             # A matrix shape cuBLAS meets for the first time makes the host wait for the
-            # device (bench/gemm_shapes.py): most row counts below 16k did on an H200.
-            for rows in bucketed_rows(min(budget, WARM_ROWS)):
+            # device (bench/gemm_shapes.py): every row count a batch is padded to runs now.
+            for rows in bucketed_rows(budget):
                 await self._timed(replica, self._probe_batch(rows, min(length, 16)))
             if replica.model.one_row_per_text:  # every bucketed count of pooled rows
                 texts = 64

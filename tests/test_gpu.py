@@ -216,7 +216,8 @@ async def test_launching_a_batch_never_waits_on_the_device(
     async with cuda_engine(tiny_models[shape], pooling=pooling, max_seq_len=64) as engine:
         await engine.embed(["warm up every kernel and buffer"] * 64)
         replica = engine.replicas[0]
-        host = replica.pack([np.array([101, 2000 + i, 2001, 102], np.int32) for i in range(50)], 1)
+        ids = [np.array([101, 2000 + i, 2001, 102], np.int32) for i in range(50)]
+        host = replica.pack(ids, 1, engine.workers[0].slot.budget)
         torch.cuda.set_sync_debug_mode("error")
         try:
             launched = replica.accelerator.launch(lambda: replica.run(host, 1))

@@ -22,7 +22,7 @@ from embedx.errors import (
 )
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.loader import EmbeddingModel, resolve_dtype
-from embedx.models.packing import BUCKETED_BELOW, bucketed_rows, pack, to_device, token_rows
+from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, token_rows
 from embedx.models.pooling import Pooling, finish, pool
 from embedx.models.source import ModelFiles, resolve
 from embedx.models.tokenizer import TextTokenizer
@@ -38,7 +38,7 @@ def forward(
     ids = TextTokenizer(files, 64).encode_now(texts).views()
     model = EmbeddingModel(files, Pooling(pooling), CPU, "float32", implementation)
     model.bucket_pooled_rows = bucketed  # what CUDA does, with the padded token rows
-    return model.forward(to_device(pack(ids, bucket=bucketed), CPU)).numpy()
+    return model.forward(to_device(pack(ids, budget=16384 if bucketed else None), CPU)).numpy()
 
 
 # -- where files come from -----------------------------------------------------------------
@@ -290,22 +290,26 @@ def test_a_normalize_module_applies_even_when_normalize_is_off() -> None:
     assert np.allclose(raw, vectors)
 
 
-def test_gpu_batches_below_the_threshold_pad_to_a_few_row_counts() -> None:
-    counts = range(1, BUCKETED_BELOW + 5000, 7)
-    padded = [token_rows(n) for n in counts]
-    assert all(0 <= r - n < max(16, n / 16) for n, r in zip(counts, padded, strict=True))
-    assert all(token_rows(n) == n for n in counts if n >= BUCKETED_BELOW)
-    assert len({r for n, r in zip(counts, padded, strict=True) if n < BUCKETED_BELOW}) < 260
-    # the engine runs each count up to a size once at load: bucketed_rows names them all
-    warmed = bucketed_rows(16384)
-    assert {r for n, r in zip(counts, padded, strict=True) if n <= 16384} <= set(warmed)
+def test_gpu_batches_pad_to_a_few_row_counts_all_warmed_at_load() -> None:
+    budget = 2 * FINE_FROM + 1000  # not a bucket: the last one is the budget itself
+    counts = range(1, budget + 1, 7)
+    padded = [token_rows(n, budget) for n in counts]
+    assert all(n <= r <= budget for n, r in zip(counts, padded, strict=True))
+    assert all(r - n < max(16, n / 16) for n, r in zip(counts, padded, strict=True))
+    assert all(r - n < n / 32 for n, r in zip(counts, padded, strict=True) if n >= FINE_FROM)
+    # the engine runs each count up to the budget once at load: bucketed_rows names them all
+    warmed = bucketed_rows(budget)
+    assert set(padded) <= set(warmed)
     assert warmed == sorted(set(warmed))
-    assert warmed[-1] == 16384
+    assert warmed[-1] == budget
+    assert len(warmed) < 200  # a bounded set: 16 an octave, 32 from FINE_FROM up
+    assert token_rows(budget + 5, budget) > budget  # a batch of one over-long text: unpadded
+    assert bucketed_rows(16384)[-1] == 16384
 
 
 def test_a_padded_pack_keeps_the_texts_and_zeroes_the_rest() -> None:
     ids = [np.array([5, 6, 7], np.int32), np.array([8, 9], np.int32)]
-    batch = to_device(pack(ids, bucket=True), CPU)
+    batch = to_device(pack(ids, budget=1024), CPU)
     assert (batch.tokens, batch.count, batch.input_ids.shape[0]) == (5, 2, 16)
     assert batch.input_ids[:5].tolist() == [5, 6, 7, 8, 9]
     assert batch.positions[:5].tolist() == [0, 1, 2, 0, 1]

@@ -12,27 +12,30 @@ if TYPE_CHECKING:
     import torch
 
 
-# cuBLAS makes the host wait for the device the first time it meets a matrix shape, and
-# below this many rows most new shapes do (bench/gemm_shapes.py on an H200: 12 of 13 row
-# counts between 1,000 and 9,000, 1 of 12 above 100,000). So on a GPU a smaller batch is
-# padded to one of 16 sizes an octave: a bounded set of shapes, each waited for once.
-BUCKETED_BELOW = 131072
+# cuBLAS makes the host wait for the device the first time it meets a matrix shape
+# (bench/gemm_shapes.py on an H200: 12 of 13 new row counts between 1,000 and 9,000 did, 4 of
+# 13 between 20,000 and 60,000, 1 of 12 above 100,000). Beside a slower GPU that wait can be
+# the slow GPU's whole queue while the fast one starves (0.74 s in h200x2-run8's timeline).
+# So a GPU batch is padded to one of a bounded set of row counts, and the engine runs each
+# once when a model loads: 16 an octave, 32 an octave from FINE_FROM rows up, where batches
+# are large and padding costs the most.
+FINE_FROM = 131072
 
 
-def token_rows(tokens: int) -> int:
-    """The rows a GPU batch of `tokens` tokens is padded to (at most 1/16 more)."""
-    if tokens >= BUCKETED_BELOW:
-        return tokens
-    step = 1 << max(4, tokens.bit_length() - 5)
-    return -(-tokens // step) * step
+def token_rows(tokens: int, most: int | None = None) -> int:
+    """The rows a GPU batch of `tokens` tokens is padded to: at most 1/16 more (1/32 from
+    FINE_FROM), and never past `most` (the device's budget) when the batch fits in it."""
+    step = 1 << max(4, tokens.bit_length() - (5 if tokens < FINE_FROM else 6))
+    rows = -(-tokens // step) * step
+    return min(rows, most) if most is not None and tokens <= most else rows
 
 
 def bucketed_rows(most: int) -> list[int]:
-    """Every row count `token_rows` pads to, up to `most`."""
-    counts = [token_rows(1)]
-    while counts[-1] < min(most, BUCKETED_BELOW - 1):
-        counts.append(token_rows(counts[-1] + 1))
-    return [rows for rows in counts if rows <= most]
+    """Every row count `token_rows` pads a batch of up to `most` tokens to."""
+    counts = [token_rows(1, most)]
+    while counts[-1] < most:
+        counts.append(token_rows(counts[-1] + 1, most))
+    return counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,14 +75,14 @@ class PackedBatch:
 
 
 def pack(
-    token_ids: Sequence[np.ndarray], staging: Staging | None = None, bucket: bool = False
+    token_ids: Sequence[np.ndarray], staging: Staging | None = None, budget: int | None = None
 ) -> HostBatch:
     """Pack texts' token ids into one int32 array (in `staging`'s pinned memory if given),
-    without a Python loop over tokens; with `bucket`, padded to `token_rows` rows."""
+    without a Python loop over tokens; given the device's `budget`, padded to `token_rows`."""
     count = len(token_ids)
     lengths = np.fromiter(map(len, token_ids), dtype=np.int32, count=count)
     tokens = int(lengths.sum())
-    rows = token_rows(tokens) if bucket else tokens
+    rows = token_rows(tokens, budget) if budget is not None else tokens
     size = 3 * rows + count + 1
     pinned = staging.input(size) if staging is not None else None
     buffer = pinned.numpy() if pinned is not None else np.empty(size, dtype=np.int32)
