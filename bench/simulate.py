@@ -9,13 +9,17 @@ about 400k tokens per device (so every device has several batches of work) runs 
 converging queue; the fastest device alone; a static even split; a static split by device
 score (each device's nominal speed, off by up to 25%, as a spec sheet is); and the best
 static split found by search in hindsight (the oracle). Then requests arrive at random at
-80% of capacity and the queue wait is reported.
+80% of capacity and the queue wait is reported. Last, two GPU-like devices whose batch
+times stray (the slow one by up to 25% either way, as a GPU time-sliced with co-tenants
+did, the fast one 5%) run against the fastest alone and against the static split that is
+best for their nominal speeds, run with the same draws.
 Writes simulate.json and simulate.png into --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import statistics
 import time
@@ -126,6 +130,27 @@ def continuous(fake: list[FakeDevice], lengths: list[int], seed: int = 5) -> dic
     }
 
 
+def jittered(lengths: list[int], tokens: int, ratio: float, seed: int) -> dict[str, float]:
+    """Two GPU-like devices whose batch times stray, one job of `tokens` tokens."""
+    fake = [
+        FakeDevice("d0", FAST_RATE, FIXED_S, 65536, 2, jitter=0.05, seed=seed),
+        FakeDevice("d1", FAST_RATE / ratio, FIXED_S, 65536, 2, jitter=0.25, seed=seed),
+    ]
+    work = job(lengths, tokens, seed)
+    converging = simulate_converging(fake, [Arrival(0.0, tuple(work))])
+    alone = static_split(fake[:1], work, [1.0])
+    _, shares = oracle_static_split([dataclasses.replace(d, jitter=0.0) for d in fake], work, 14)
+    planned = static_split(fake, work, shares)
+    return {
+        "converging_vs_alone": converging.makespan / alone.makespan,
+        "converging_vs_planned_static": converging.makespan / planned.makespan,
+        "max_end_idle_share": max(
+            converging.end_idle(n) for n, b in converging.batches.items() if b
+        )
+        / converging.makespan,
+    }
+
+
 def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -166,15 +191,22 @@ def main() -> None:
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
     stats: dict[str, Any] = {}
+    by_corpus = {name: corpus_lengths(name) for name in CORPORA}
     for seed, name in enumerate(CORPORA):
-        lengths = corpus_lengths(name)
+        lengths = by_corpus[name]
         stats[name] = {"texts": len(lengths), "median": statistics.median(lengths)}
         for count in COUNTS:
             work = job(lengths, args.tokens * count, seed)
             for ratio in RATIOS:
                 row = one_config(devices(count, ratio), work)
                 results.append({"corpus": name, "devices": count, "ratio": ratio, **row})
-    load = [continuous(devices(n, 5), corpus_lengths("fortunes")) for n in (2, 4)]
+    load = [continuous(devices(n, 5), by_corpus["fortunes"]) for n in (2, 4)]
+    straying = [
+        jittered(by_corpus[name], 2 * args.tokens, ratio, seed)
+        for name in CORPORA
+        for ratio in (2, 3, 5)
+        for seed in range(6)
+    ]
     worst = {
         "converging_vs_oracle": max(r["converging_vs_oracle"] for r in results),
         "converging_vs_alone": max(r["converging_vs_alone"] for r in results),
@@ -191,6 +223,14 @@ def main() -> None:
             "end_idle_under_2pct": worst["max_end_idle_share"] < 0.02,
         },
         "continuous_load": load,
+        "straying_batch_times": {
+            "configurations": len(straying),
+            **{
+                f"{key}_{stat}": round(fn(r[key] for r in straying), 4)
+                for key in straying[0]
+                for stat, fn in (("worst", max), ("mean", statistics.fmean))
+            },
+        },
         "corpora": stats,
         "seconds": time.perf_counter() - started,
         "environment": environment(),

@@ -1,15 +1,17 @@
 """Deterministic discrete-event simulation of devices with set speeds claiming from the real queue.
 
-A fake device runs a batch in `fixed_s + padded_tokens / rate` seconds of simulated time.
-The converging policy is the real ConvergingQueue on a simulated clock; the static policies
-it is compared with split the items up front and never rebalance.
+A fake device runs a batch in `fixed_s + padded_tokens / rate` seconds of simulated time,
+times a seeded random factor if it has jitter. The converging policy is the real
+ConvergingQueue on a simulated clock; the static policies it is compared with split the
+items up front and never rebalance.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from embedx.batching import Cut, End, Item, Job, LengthBuckets
@@ -32,9 +34,25 @@ class FakeDevice:
     # Host seconds a launch takes. Every device launches on the same host thread, one
     # launch at a time, and a batch starts on its device once launched.
     launch_s: float = 0.0
+    # Each batch takes its nominal time times a factor drawn evenly from [1 - jitter,
+    # 1 + jitter]: a GPU time-sliced with a co-tenant ran batches 20% over and under the
+    # queue's estimate (h200x2-run8/3-). The draws are seeded by `seed` and the name.
+    jitter: float = 0.0
+    seed: int = 0
 
     def seconds(self, tokens: int, area: int) -> float:
         return self.fixed_s + (area if self.padded else tokens) / self.rate
+
+    def timer(self) -> Callable[[int, int], float]:
+        """A batch's seconds, jitter drawn afresh for each call (the same sequence each run)."""
+        if not self.jitter:
+            return self.seconds
+        draws = random.Random(f"{self.name}:{self.seed}")
+
+        def seconds(tokens: int, area: int) -> float:
+            return self.seconds(tokens, area) * draws.uniform(1 - self.jitter, 1 + self.jitter)
+
+        return seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +108,14 @@ def simulate_converging(
             fixed_s=d.fixed_s if d.score is None else 0.0,
             max_inflight=d.max_inflight,
             measured=d.score is None,
+            probe=_probe(d) if d.score is None else (),
             launch_s=d.launch_s if d.score is None else 0.0,
         )
         for d in devices
     }
     by_name = {d.name: d for d in devices}
+    timers = {d.name: d.timer() for d in devices}
+    took: dict[int, float] = {}  # claim id -> the seconds its batch runs
     result = _empty_result(devices)
     events: list[tuple[float, int, str, object]] = []
     order = itertools.count()
@@ -115,7 +136,8 @@ def simulate_converging(
                 now += device.launch_s  # the host thread launches it, seeing nothing else
                 slot.observe_launch(device.launch_s)
                 start = max(now, free_at[name])
-                finish = start + device.seconds(claim.tokens, claim.area)
+                took[claim.id] = timers[name](claim.tokens, claim.area)
+                finish = start + took[claim.id]
                 free_at[name] = finish
                 for item in claim.items:
                     result.item_waits.append(now - item.enqueued_at)
@@ -151,10 +173,9 @@ def simulate_converging(
         else:
             claim = payload
             name = claim.device.name  # type: ignore[attr-defined]
-            device = by_name[name]
             for item in claim.items:  # type: ignore[attr-defined]
                 item.job.out[item.index] += 1
-            seconds = device.seconds(claim.tokens, claim.area)  # type: ignore[attr-defined]
+            seconds = took.pop(claim.id)  # type: ignore[attr-defined]
             queue.complete(claim, seconds)  # type: ignore[arg-type]
             result.busy_s[name] += seconds
             result.tokens[name] += claim.tokens  # type: ignore[attr-defined]
@@ -186,10 +207,11 @@ def static_split(
         buckets = LengthBuckets()
         buckets.push_all(Item(job, i, n) for i, n in enumerate(items))
         clock = 0.0
+        seconds = device.timer()
         while buckets.count:
             cut = Cut(device.budget, device.budget)
             buckets.cut(End.LONG, cut)
-            clock += device.seconds(cut.tokens, cut.area)
+            clock += seconds(cut.tokens, cut.area)
             result.tokens[device.name] += cut.tokens
             result.batches[device.name] += 1
         result.busy_s[device.name] = clock
@@ -234,6 +256,13 @@ def oracle_static_split(
             if step < 1e-3:
                 break
     return best, shares
+
+
+def _probe(device: FakeDevice) -> list[tuple[float, float]]:
+    """The (tokens, seconds) points a load-time probe measures, as the engine's does: a small
+    and a full batch, twice, at the device's nominal speed."""
+    small = min(64, device.budget)
+    return [(t, device.seconds(t, t)) for t in (small, device.budget, small, device.budget)]
 
 
 def _empty_result(devices: Sequence[FakeDevice]) -> SimResult:
