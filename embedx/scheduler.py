@@ -37,7 +37,18 @@ class SpeedModel:
     score or a probe measurement) and the fixed cost from the prior fixed cost.
     """
 
-    __slots__ = ("_sw", "_sx", "_sxx", "_sxy", "_sy", "fixed", "measured", "rate", "samples")
+    __slots__ = (
+        "_sw",
+        "_sx",
+        "_sxx",
+        "_sxy",
+        "_sy",
+        "fixed",
+        "measured",
+        "rate",
+        "samples",
+        "spread",
+    )
     DECAY = 0.85  # weight of older batches: about the last seven dominate
 
     def __init__(
@@ -53,11 +64,15 @@ class SpeedModel:
         self.measured = measured  # the prior was measured (a probe), not a static score
         self.samples = 0
         self._sw = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        # How far a batch's time strays from the fit, as a share of it (a moving average):
+        # a GPU time-sliced with a co-tenant ran batches 20% over and under (h200x2-run8/3-).
+        self.spread = 0.0
         # A probe's (tokens, seconds) points seed the fit, so one tiny batch later (a smoke
         # test) cannot pass for the device's speed.
         for tokens, seconds in points:
             self.observe(tokens, seconds)
         self.samples = 0
+        self.spread = 0.0  # the probe's first points stray from a fit not yet made
 
     def seconds(self, tokens: float) -> float:
         return self.fixed + tokens / self.rate
@@ -70,6 +85,8 @@ class SpeedModel:
         if tokens <= 0 or seconds <= 0:
             return
         d = self.DECAY
+        expected = self.seconds(tokens)
+        self.spread = d * self.spread + (1 - d) * abs(seconds - expected) / expected
         self._sw = d * self._sw + 1.0
         self._sx = d * self._sx + tokens
         self._sy = d * self._sy + seconds
@@ -352,10 +369,14 @@ class ConvergingQueue:
         # beside a co-tenant-slowed GPU), a small last batch on a slow device costs more
         # than it saves.
         host = device.launch_s
-        start = max(self._free_at(device, now), now + host) + device.speed.fixed
+        # A device whose batches stray from its fit plans on the slow side: ending late
+        # holds up all the work, ending early only leaves the others a little more.
+        margin = 1 + device.speed.spread
+        held = (self._free_at(device, now) - now) * margin  # its batches in flight stray too
+        start = now + max(held, host) + device.speed.fixed * margin
 
         def mine(tokens: float) -> float:
-            return start + tokens / device.speed.rate
+            return start + tokens * margin / device.speed.rate
 
         shortest = float(self._first_length(End.SHORT) or 1)
 
@@ -626,7 +647,8 @@ class ConvergingQueue:
             return False
         now = self.clock()
         tokens = min(device.budget, self.pending_tokens)
-        mine = max(self._free_at(device, now), now + device.launch_s) + device.speed.seconds(tokens)
+        took = device.speed.seconds(tokens) * (1 + device.speed.spread)  # as in `_tail_target`
+        mine = max(self._free_at(device, now), now + device.launch_s) + took
         return self._drain_time(faster, self.pending_tokens, now) <= mine
 
     def _wake_all(self) -> None:

@@ -140,6 +140,33 @@ def test_speed_model_learns_fixed_cost_and_rate() -> None:
     assert model.fixed == pytest.approx(0.003, rel=1e-6)
 
 
+def test_speed_model_spread_is_how_far_batch_times_stray_from_the_fit() -> None:
+    steady, straying = SpeedModel(rate=250_000, fixed=0.003), SpeedModel(rate=250_000, fixed=0.003)
+    for i, tokens in enumerate((1000, 4000, 16000, 2000, 8000) * 4):
+        exact = 0.003 + tokens / 250_000
+        steady.observe(tokens, exact)
+        straying.observe(tokens, exact * (1.2 if i % 2 else 0.8))
+    assert steady.spread == pytest.approx(0.0, abs=1e-9)
+    assert 0.1 < straying.spread < 0.3
+
+
+def test_a_device_whose_batches_stray_takes_less_at_the_end() -> None:
+    # The end game balances a slow device's last claim against what a fast one drains. A
+    # device that ends late holds up everything, one that ends early costs little: so one
+    # whose batch times stray plans on the slow side and takes less.
+    claimed = {}
+    for spread in (0.0, 0.2):
+        queue = ConvergingQueue(clock=Clock())
+        queue.add_device("fast", budget=100_000, rate=1e6)
+        slow = queue.add_device("slow", budget=100_000, rate=2e5)
+        slow.speed.spread = spread
+        job_of(queue, [100] * 1000)
+        claim = queue.claim(slow)
+        assert claim is not None
+        claimed[spread] = claim.tokens
+    assert claimed[0.2] < 0.9 * claimed[0.0]
+
+
 # -- faults ------------------------------------------------------------------------------
 
 
