@@ -612,6 +612,8 @@ class Engine:
                     "budget_tokens": w.slot.budget,
                     "tokens_per_s": round(w.slot.speed.rate),
                     "fixed_ms": round(w.slot.speed.fixed * 1000, 3),
+                    # how far batch times stray from that fit: high beside another tenant
+                    "time_spread": round(w.slot.speed.spread, 3),
                     "tokens": w.slot.tokens_done,
                     "batches": w.slot.batches_done,
                     "busy_s": round(w.slot.busy_s, 3),
