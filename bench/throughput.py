@@ -142,8 +142,12 @@ async def run_embedx(
         seconds, result = sorted(runs, key=lambda run: run[0])[len(runs) // 2]  # the median
         described = engine.describe()
         padded = (engine.queue.padding_tokens - padded_before) // len(runs)
-        if described["implementation"] != "transformers":
-            padded = 0  # packed batches: padding only bounds the cut, nothing computes it
+        if described["implementation"] != "transformers":  # packed: only bucketed rows pad
+            rows = sum(
+                d["padding_rows"] - before[d["device"]]["padding_rows"]
+                for d in described["devices"]
+            )
+            padded = rows // len(runs)
         sizes = batch_size_change(engine, sizes_before, len(runs))
         for device in described["devices"]:
             device["batches_by_tokens"] = sizes[device["device"]]

@@ -171,6 +171,7 @@ class DeviceWorker:
         self.slot = slot
         self.queue = engine.queue
         self.batch_tokens = Histogram(TOKEN_BUCKETS)
+        self.padding_rows = 0  # rows a GPU computed past the real tokens (bucketed counts)
         self._launches = 0
 
     async def run(self) -> None:
@@ -219,6 +220,7 @@ class DeviceWorker:
         try:
             host = self.replica.pack([item.ids for item in claim.items], slot, self.slot.budget)
             launched = self.replica.accelerator.launch(lambda: self.replica.run(host, slot, unit))
+            self.padding_rows += host.rows - host.tokens
         except Exception as exc:
             self.replica.accelerator.synchronize()  # its copies may still read the slot
             self._failed(claim, exc)
@@ -617,6 +619,7 @@ class Engine:
                     "tokens": w.slot.tokens_done,
                     "batches": w.slot.batches_done,
                     "busy_s": round(w.slot.busy_s, 3),
+                    "padding_rows": w.padding_rows,
                 }
                 for w in self.workers
             ],
