@@ -33,8 +33,8 @@ CALLS_IN_FLIGHT = 1  # calls running at once: two were no faster in the H200 ser
 # The cut is taken only where it cannot change the kept tokens (`_splits_at_spaces`,
 # `_kept_clear_of_cut`).
 CHARS_PER_TOKEN = 16
-# Those kept tokens must end this many characters before the cut, or the whole text is
-# tokenized: only the end of a cut text can tokenize differently from the whole.
+# A cut this close to a text's start (one long word, or none, before it) is not trusted:
+# the whole text is tokenized instead.
 CUT_MARGIN_CHARS = 64
 
 
@@ -169,9 +169,8 @@ class TextTokenizer:
         return [text if len(text) <= limit else _cut_at_space(text, limit) for text in texts]
 
     def _unclean_cuts(self, encodings: list[Encoding], texts: Sequence[str]) -> list[int]:
-        """Which cut texts must be tokenized whole after all: those whose kept tokens reach
-        near the cut, where a cut text may tokenize differently from the whole (rare: its
-        tokens would have to average nearly CHARS_PER_TOKEN characters)."""
+        """Which cut texts must be tokenized whole after all (see `_kept_clear_of_cut`): rare,
+        since their tokens would have to average nearly CHARS_PER_TOKEN characters."""
         limit = self.cut_at
         if limit is None:
             return []
@@ -231,14 +230,17 @@ def _cut_at_space(text: str, limit: int) -> str:
 
 
 def _kept_clear_of_cut(encoding: Encoding, text: str, limit: int) -> bool:
-    """Whether the tokens kept of a cut text all end CUT_MARGIN_CHARS before the cut (or the
-    text was not cut): then the whole text gives the same ones."""
+    """Whether a text's tokens after the cut are the whole text's (or it was not cut).
+
+    The cut falls between words, and words tokenize on their own (`_splits_at_spaces`), so a
+    cut text's tokens begin the whole text's; while they still overflow the model's length,
+    truncation keeps the same ones. A cut text that fits would have read on, and a cut
+    within CUT_MARGIN_CHARS of the start is not trusted. (Fast encodings carry no character
+    offsets, so the kept tokens' positions cannot be checked against the cut.)"""
     cut = _cut_length(text, limit)
     if cut == len(text):
         return True
-    if not encoding.overflowing:
-        return False  # all of the cut text fit: the rest of the text would have been read
-    return max(end for _, end in encoding.offsets) <= cut - CUT_MARGIN_CHARS
+    return bool(encoding.overflowing) and cut >= CUT_MARGIN_CHARS
 
 
 _PROBE = "alpha beta gamma delta"
