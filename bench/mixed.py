@@ -18,8 +18,10 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from common import (
     DEFAULT_CORPUS,
@@ -32,6 +34,8 @@ from common import (
     write_json,
 )
 from throughput import model_directory
+
+T = TypeVar("T")
 
 
 async def converging(engine: Any, texts: list[str]) -> dict[str, Any]:
@@ -58,19 +62,32 @@ async def converging(engine: Any, texts: list[str]) -> dict[str, Any]:
     return {"makespan_s": ended - started, "tokens": result.tokens, "devices": devices}
 
 
+async def take_turns(
+    trials: dict[str, Callable[[], Awaitable[T]]], runs: int
+) -> dict[str, list[T]]:
+    """Each trial's results over `runs` rounds, the trials taking turns within a round so
+    drifts in the host's speed fall on all of them alike."""
+    got: dict[str, list[T]] = {name: [] for name in trials}
+    for _ in range(runs):
+        for name, trial in trials.items():
+            got[name].append(await trial())
+    return got
+
+
+def median_run(runs: list[T], seconds: Callable[[T], float]) -> T:
+    return sorted(runs, key=seconds)[len(runs) // 2]
+
+
 async def alternating(engines: dict[str, Any], texts: list[str], runs: int) -> dict[str, Any]:
-    """Each engine's median run of `runs`, taking turns so drifts in the host's speed fall on
-    all of them alike; a warm-up pass each first."""
+    """Each engine's median run of `runs`, taking turns; a warm-up pass each first."""
     for engine in engines.values():
         await engine.embed(texts)
-    trials: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
-    for _ in range(runs):
-        for name, engine in engines.items():
-            trials[name].append(await converging(engine, texts))
+    trials = await take_turns(
+        {name: partial(converging, engine, texts) for name, engine in engines.items()}, runs
+    )
     result = {}
     for name, got in trials.items():
-        ordered = sorted(got, key=lambda run: run["makespan_s"])
-        result[name] = ordered[len(ordered) // 2]
+        result[name] = median_run(got, lambda run: run["makespan_s"])
         result[name]["runs_s"] = [round(run["makespan_s"], 4) for run in got]
     return result
 
@@ -95,7 +112,7 @@ async def static_splits(
     lengths: list[int],
     runs: int,
 ) -> dict[str, dict[str, Any]]:
-    """Each split's median run of `runs`, the splits taking turns as the policies above do.
+    """Each split's median run of `runs`, the splits taking turns.
     A split gives each engine a fixed contiguous range of the length-sorted texts: `shares`
     are shares of the tokens (`lengths` holds each text's), the first engine taking the
     longest texts."""
@@ -107,14 +124,12 @@ async def static_splits(
     }
     for split in parts.values():  # a warm-up each: every engine meets its part's shapes
         await static_split(engines, [part[: max(1, len(part) // 20)] for part in split])
-    trials: dict[str, list[list[float]]] = {name: [] for name in splits}
-    for _ in range(runs):
-        for name, split in parts.items():
-            trials[name].append(await static_split(engines, split))
+    trials = await take_turns(
+        {name: partial(static_split, engines, split) for name, split in parts.items()}, runs
+    )
     result = {}
     for name, got in trials.items():
-        ordered = sorted(got, key=max)
-        median = ordered[len(ordered) // 2]
+        median = median_run(got, max)
         shares = splits[name]
         result[name] = {
             "token_shares": [round(s / sum(shares), 4) for s in shares],
