@@ -4,8 +4,10 @@
 
 MODEL as in throughput.py. Every policy embeds the same texts; makespan is the wall time of
 one `embed` call (tokenization included); the fastest device alone and the converging queue
-take turns, and each reports its median of --runs. For the converging queue: each device's
-share of the tokens and how long it sat idle before the last batch finished (its end idle).
+take turns, and each reports its median of --runs; `converging_vs_alone_paired` is the
+median, round by round, of the converging queue's time over the fastest device's. For the
+converging queue: each device's share of the tokens, how long it sat idle before the last
+batch finished (its end idle), and when each run's last text was queued (`tokenized_s`).
 Static splits run one engine per device on a fixed share of the tokens (the longest texts
 to the first), concurrently: even, by static device score, and the best ratio found by
 search in hindsight (two devices). They too take turns and report their median of --runs:
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -59,17 +62,24 @@ async def converging(engine: Any, texts: list[str]) -> dict[str, Any]:
             "tokens_per_s_measured": round(slot.effective_rate()),
             "batches_by_tokens": sizes[slot.name],
         }
-    return {"makespan_s": ended - started, "tokens": result.tokens, "devices": devices}
+    return {
+        "makespan_s": ended - started,
+        "tokenized_s": result.tokenize_s,  # when the last text was queued: the feed's pace
+        "tokens": result.tokens,
+        "devices": devices,
+    }
 
 
 async def take_turns(
     trials: dict[str, Callable[[], Awaitable[T]]], runs: int
 ) -> dict[str, list[T]]:
     """Each trial's results over `runs` rounds, the trials taking turns within a round so
-    drifts in the host's speed fall on all of them alike."""
+    drifts in the host's speed fall on all of them alike; every other round runs them in
+    reverse, so what one leaves behind for the next (garbage to collect, say) does too."""
     got: dict[str, list[T]] = {name: [] for name in trials}
-    for _ in range(runs):
-        for name, trial in trials.items():
+    for round_ in range(runs):
+        order = list(trials.items())
+        for name, trial in reversed(order) if round_ % 2 else order:
             got[name].append(await trial())
     return got
 
@@ -89,6 +99,7 @@ async def alternating(engines: dict[str, Any], texts: list[str], runs: int) -> d
     for name, got in trials.items():
         result[name] = median_run(got, lambda run: run["makespan_s"])
         result[name]["runs_s"] = [round(run["makespan_s"], 4) for run in got]
+        result[name]["tokenized_runs_s"] = [round(run["tokenized_s"], 4) for run in got]
     return result
 
 
@@ -161,6 +172,9 @@ async def measure(
     await pair.close()
     alone_s = result["fastest_alone"]["makespan_s"]
     result["converging_vs_alone"] = result["converging"]["makespan_s"] / alone_s
+    # Round by round: the two ran back to back, so a drift in the host's speed cancels out.
+    rounds = zip(result["fastest_alone"]["runs_s"], result["converging"]["runs_s"], strict=True)
+    result["converging_vs_alone_paired"] = statistics.median(c / a for a, c in rounds)
     if args.static:
         scores = {d.key: d.score for d in discover(load_settings({"devices": args.devices}))}
         # the first device's engine is `alone`: loading takes longer than the runs do

@@ -27,7 +27,9 @@ def line(path: Path) -> str:
         ours = data["converging"]["makespan_s"]
         return (
             f"mixed {data['model']} {data['devices']}: alone {alone:.3f}s converging {ours:.3f}s "
-            f"ratio {data['converging_vs_alone']:.3f} shares {shares} end idle {idle} "
+            f"ratio {data['converging_vs_alone']:.3f} "
+            f"(paired {data.get('converging_vs_alone_paired', float('nan')):.3f}) "
+            f"shares {shares} end idle {idle} "
             f"static {static}"
         )
     if kind == "load":
