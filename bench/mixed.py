@@ -9,9 +9,10 @@ median, round by round, of the converging queue's time over the fastest device's
 converging queue: each device's share of the tokens, how long it sat idle before the last
 batch finished (its end idle), and when each run's last text was queued (`tokenized_s`).
 Static splits run one engine per device on a fixed share of the tokens (the longest texts
-to the first), concurrently: even, by static device score, and the best ratio found by
-search in hindsight (two devices). They too take turns and report their median of --runs:
-the best of single runs would be the luckiest run, not the best ratio.
+to the first, each part in the caller's order), concurrently: even, by static device score,
+and the best ratio found by search in hindsight (two devices). They too take turns and
+report their median of --runs: the best of single runs would be the luckiest run, not the
+best ratio.
 """
 
 from __future__ import annotations
@@ -129,8 +130,10 @@ async def static_splits(
     longest texts."""
     from embedx.simulation import split_by_tokens
 
+    # Each engine gets its texts in the caller's order, as the other policies do: sorted ones
+    # are a head start no policy gets (sorting needs every text tokenized first).
     parts = {
-        name: [[texts[i] for i in part] for part in split_by_tokens(lengths, shares)]
+        name: [[texts[i] for i in sorted(part)] for part in split_by_tokens(lengths, shares)]
         for name, shares in splits.items()
     }
     for split in parts.values():  # a warm-up each: every engine meets its part's shapes

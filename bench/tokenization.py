@@ -10,13 +10,17 @@ takes the ids out of the encodings into numpy (`collect`, Python work under the 
 - concurrent_4: four calls in flight at once.
 Then long documents (`--long-corpus`, cut to the same 256 tokens): the tokenizer called on
 each whole text, against `TextTokenizer`, which cuts each far longer than that at a space
-first (the same ids: tests/test_models.py).
+first (the same ids: tests/test_models.py). Last, `input_order`: the pipelined variant on
+the corpus as it comes, shuffled, and sorted by length in characters, taking turns for
+--order-rounds rounds (medians, and each order's round-by-round ratio to the corpus's).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
+import statistics
 import time
 from typing import Any
 
@@ -30,6 +34,7 @@ from embedx.models.tokenizer import FIRST_CHUNK, TextTokenizer
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--long-corpus", default="pydocs_pages")
+    parser.add_argument("--order-rounds", type=int, default=9)
     parser.add_argument("--out")
     args = parser.parse_args()
     texts = load_corpus()
@@ -85,6 +90,7 @@ def main() -> None:
         result["tokens_per_s"][name] = round(tokens / best)
     result["long_documents"] = long_documents(tokenizer, read_texts(corpus_path(args.long_corpus)))
     result["long_documents"]["corpus"] = args.long_corpus
+    result["input_order"] = input_order(tokenizer, texts, args.order_rounds)
     write_json(result, args.out)
 
 
@@ -102,6 +108,32 @@ def long_documents(tokenizer: TextTokenizer, texts: list[str]) -> dict[str, Any]
             best = min(best, time.perf_counter() - started)
         seconds[name] = round(best, 4)
     return {"texts": len(texts), "chars_per_text": sum(map(len, texts)) // len(texts), **seconds}
+
+
+def input_order(tokenizer: TextTokenizer, texts: list[str], rounds: int) -> dict[str, Any]:
+    """Seconds to run `encode_chunks` over the texts in three orders, the orders taking turns
+    (reversed every other round)."""
+    shuffled = texts[:]
+    random.Random(0).shuffle(shuffled)
+    orders = {"corpus": texts, "shuffled": shuffled, "by_length": sorted(texts, key=len)}
+
+    async def pipelined(part: list[str]) -> float:
+        started = time.perf_counter()
+        async for _ in tokenizer.encode_chunks(part):
+            pass
+        return time.perf_counter() - started
+
+    runs: dict[str, list[float]] = {name: [] for name in orders}
+    for round_ in range(rounds):
+        names = list(orders)
+        for name in reversed(names) if round_ % 2 else names:
+            runs[name].append(asyncio.run(pipelined(orders[name])))
+    result: dict[str, Any] = {"rounds": rounds}
+    for name, seconds in runs.items():
+        paired = [s / c for s, c in zip(seconds, runs["corpus"], strict=True)]
+        result[name] = {"median_s": round(statistics.median(seconds), 4),
+                        "vs_corpus_paired": round(statistics.median(paired), 4)}  # fmt: skip
+    return result
 
 
 if __name__ == "__main__":
