@@ -364,19 +364,13 @@ class ConvergingQueue:
         # While texts are still being tokenized, the end is not near: what is queued now is
         # only part of the work, and balancing it as if it were all would cut tiny batches.
         remaining = self.pending_tokens + self.unfed_tokens()
-        # Launching holds the one host thread: a batch cannot start before it is launched,
-        # and the others' launches wait for this one. When the host is the limit (MiniLM
-        # beside a co-tenant-slowed GPU), a small last batch on a slow device costs more
-        # than it saves.
+        # Launching holds the one host thread: the others' launches wait for this one. When
+        # the host is the limit (MiniLM beside a co-tenant-slowed GPU), a small last batch on
+        # a slow device costs more than it saves.
         host = device.launch_s
-        # A device whose batches stray from its fit plans on the slow side: ending late
-        # holds up all the work, ending early only leaves the others a little more.
-        margin = 1 + device.speed.spread
-        held = (self._free_at(device, now) - now) * margin  # its batches in flight stray too
-        start = now + max(held, host) + device.speed.fixed * margin
 
         def mine(tokens: float) -> float:
-            return start + tokens * margin / device.speed.rate
+            return self._finish_at(device, tokens, now)
 
         shortest = float(self._first_length(End.SHORT) or 1)
 
@@ -419,6 +413,16 @@ class ConvergingQueue:
             if length is not None:
                 return length
         return None
+
+    def _finish_at(self, device: DeviceSlot, tokens: float, now: float) -> float:
+        """When the device would finish a batch of `tokens` claimed now: after the claims it
+        holds, and not before the batch is launched (launching holds the host's one thread).
+        A device whose batches stray from its fit plans on the slow side, for the claims it
+        holds too: ending late holds up all the work, ending early only leaves the others a
+        little more."""
+        margin = 1 + device.speed.spread
+        held = (self._free_at(device, now) - now) * margin
+        return now + max(held, device.launch_s) + device.speed.seconds(tokens) * margin
 
     def _free_at(self, device: DeviceSlot, now: float) -> float:
         """When the device will have finished the claims it holds."""
@@ -646,9 +650,7 @@ class ConvergingQueue:
         if not faster:
             return False
         now = self.clock()
-        tokens = min(device.budget, self.pending_tokens)
-        took = device.speed.seconds(tokens) * (1 + device.speed.spread)  # as in `_tail_target`
-        mine = max(self._free_at(device, now), now + device.launch_s) + took
+        mine = self._finish_at(device, min(device.budget, self.pending_tokens), now)
         return self._drain_time(faster, self.pending_tokens, now) <= mine
 
     def _wake_all(self) -> None:
