@@ -8,8 +8,9 @@ embedx (texts in, float32 vectors out; the median of --runs after a warm-up pass
 sentence-transformers `encode` (fp16, batch 32),
 plain transformers with length-sorted token-budget batches, and tokenization alone. Peers
 are timed on their second pass over the texts, the first one reported as `cold_seconds`.
-Prints JSON: tokens/s, texts/s, peak device memory, padding waste, and embedx's accuracy
-against a float32 reference on a sample.
+Prints JSON: tokens/s, texts/s, peak device memory, padding waste, embedx's accuracy
+against a float32 reference on a sample, and the time embedx's runs spent in the cyclic
+garbage collector (`gc_s`; `--gc-freeze` freezes what is alive after its warm-up).
 """
 
 from __future__ import annotations
@@ -128,8 +129,12 @@ async def run_embedx(
         directory, pooling, length, args.devices, args.max_batch_tokens, name=args.model
     )
     load_s = time.perf_counter() - load_started  # weights, probes and warm-up shapes
+    collector = GcClock()
     try:
         await engine.embed(texts)  # warm-up, as the peers get: allocations, page faults
+        if args.gc_freeze:  # what is alive now (modules, the model) leaves the collector's scans
+            gc.freeze()
+        collector.start()
         before = {d["device"]: d for d in engine.describe()["devices"]}
         sizes_before = batch_sizes(engine)
         padded_before = engine.queue.padding_tokens
@@ -140,6 +145,7 @@ async def run_embedx(
             result = await engine.embed(texts)
             runs.append((time.perf_counter() - started, result))
         seconds, result = sorted(runs, key=lambda run: run[0])[len(runs) // 2]  # the median
+        collector.stop()
         described = engine.describe()
         padded = (engine.queue.padding_tokens - padded_before) // len(runs)
         if described["implementation"] != "transformers":  # packed: only bucketed rows pad
@@ -158,6 +164,8 @@ async def run_embedx(
         if args.profile:
             await profile(engine, texts, Path(args.profile))
     finally:
+        collector.stop()
+        gc.unfreeze()
         await engine.close()
     return {
         "tokens": result.tokens,
@@ -171,8 +179,35 @@ async def run_embedx(
         "padding_waste": padded / (padded + result.tokens),
         "implementation": described["implementation"],
         "load_s": round(load_s, 2),
+        # the cyclic collector's pauses, which hold the interpreter lock, per run
+        "gc_s": round(collector.seconds / len(runs), 4),
+        "gc_collections": [n / len(runs) for n in collector.collections],
+        "gc_frozen": args.gc_freeze,
         "devices": described["devices"],
     }, result.vectors
+
+
+class GcClock:
+    """Seconds spent in the cyclic garbage collector, and its collections by generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._since = 0.0
+
+    def start(self) -> None:
+        gc.callbacks.append(self._tick)
+
+    def stop(self) -> None:
+        if self._tick in gc.callbacks:
+            gc.callbacks.remove(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._since
+            self.collections[info["generation"]] += 1
 
 
 async def profile(engine: Any, texts: list[str], directory: Path) -> None:
@@ -339,6 +374,11 @@ def main() -> None:
         action="store_false",
         help="time the peers' first pass (default: their second; embedx warms up at load, and a "
         "first pass on a GPU pays for loading each kernel it meets)",
+    )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() after embedx's warm-up: the collector stops scanning what is alive",
     )
     parser.add_argument("--reference-sample", type=int, default=256)
     parser.add_argument("--skip", nargs="*", default=[], help="methods to leave out")
