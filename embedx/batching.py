@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import enum
-import gc
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -16,22 +14,6 @@ from typing import Any
 import numpy as np
 
 NO_IDS = np.empty(0, dtype=np.int32)
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector over a burst of allocations with no await inside.
-
-    Building tens of thousands of work records otherwise triggers repeated full collections
-    that scan every live object; reference counting still frees everything as usual.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class End(enum.Enum):

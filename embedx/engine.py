@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from embedx.batching import Item, Job, gc_paused
+from embedx import heap
+from embedx.batching import Item, Job
 from embedx.devices import Accelerator, DeviceHung, token_budget
 from embedx.errors import (
     Bug,
@@ -28,6 +29,7 @@ from embedx.errors import (
     ShuttingDown,
     SmokeTestFailed,
 )
+from embedx.heap import gc_paused
 from embedx.models.catalog import ModelSpec, check_template
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype, weight_bytes
 from embedx.models.packing import HostBatch, Staging, bucketed_rows, pack, to_device
@@ -322,6 +324,7 @@ class Engine:
         except BaseException:
             await engine.close()
             raise
+        heap.freeze()  # the model and everything loaded with it stay: stop scanning them
         return engine
 
     async def _add_device(self, accelerator: Accelerator) -> None:
@@ -581,6 +584,7 @@ class Engine:
         self.workers.clear()
         for accelerator in accelerators:
             accelerator.close()
+        heap.thaw()  # the next load freezes what is still alive
 
     # -- reporting -----------------------------------------------------------------------
 

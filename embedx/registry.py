@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from embedx import heap
 from embedx.config import Settings
 from embedx.engine import Engine, EngineOptions, EngineState
 from embedx.errors import (
@@ -238,8 +239,13 @@ class ModelRegistry:
         assert engine is not None
         task = asyncio.create_task(engine.close(), name=f"unload-{resident.spec.name}")
         self._unloading.add(task)
-        task.add_done_callback(self._unloading.discard)
+        task.add_done_callback(self._unloaded)
         return task
+
+    def _unloaded(self, task: asyncio.Task[None]) -> None:
+        self._unloading.discard(task)
+        if self._models:  # closing thawed the heap: freeze again what the others keep alive
+            heap.freeze()
 
     async def preload(self, names: Sequence[str]) -> None:
         """Load catalog models now (EMBEDX_PRELOAD); they then idle out like any other."""

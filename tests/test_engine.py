@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -286,3 +287,12 @@ async def test_requests_sharing_a_batch_each_get_the_normalization_they_asked_fo
     assert np.allclose(raw.vectors, alone, atol=1e-5)
     expected = alone / np.linalg.norm(alone, axis=1, keepdims=True)
     assert np.allclose(unit.vectors, expected, atol=1e-5)
+
+
+async def test_a_loaded_model_leaves_the_collectors_scans_until_it_closes(
+    make_engine: Callable[..., Any],
+) -> None:
+    async with make_engine(("cpu",)) as engine:
+        assert gc.get_freeze_count() > 0, "the heap is scanned in full on every collection"
+        await engine.close()
+        assert gc.get_freeze_count() == 0, "a closed model's cycles would never be collected"

@@ -87,6 +87,22 @@ async def test_keep_alive_zero_unloads_when_the_last_user_leaves_and_frees_memor
     assert weights() is None, "the weights are still referenced after eviction"
 
 
+async def test_an_evicted_model_is_freed_while_another_keeps_the_heap_frozen(
+    tiny_models: dict[str, Path],
+) -> None:
+    models = registry(tiny_models, max_loaded_models=1)
+    async with models.lease("bert-base") as engine:
+        weights = weakref.ref(engine.replicas[0].model.encoder.word)  # type: ignore[attr-defined]
+    del engine
+    async with models.lease("bert-large"):  # evicts bert-base
+        await asyncio.sleep(0.1)  # the unload runs in the background
+        assert [r.spec.name for r in models.residents()] == ["bert-large"]
+        assert gc.get_freeze_count() > 0, "the heap was left thawed after an eviction"
+        gc.collect()
+        assert weights() is None, "the evicted model's weights are still referenced"
+    await models.drain(5)
+
+
 async def test_an_idle_model_unloads_after_its_keep_alive(minilm_dir: Path) -> None:
     models = registry()
     async with models.lease(str(minilm_dir), LoadRequest(pooling="mean", keep_alive_s=0.3)):

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embedx.batching import gc_paused
 from embedx.errors import InputTooLong, InvalidInput
+from embedx.heap import gc_paused
 
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
