@@ -10,7 +10,7 @@ plain transformers with length-sorted token-budget batches, and tokenization alo
 are timed on their second pass over the texts, the first one reported as `cold_seconds`.
 Prints JSON: tokens/s, texts/s, peak device memory, padding waste, embedx's accuracy
 against a float32 reference on a sample, and the time embedx's runs spent in the cyclic
-garbage collector (`gc_s`; `--gc-freeze` freezes what is alive after its warm-up).
+garbage collector (`gc_s`; loading freezes the heap, `--gc-thawed` unfreezes it).
 """
 
 from __future__ import annotations
@@ -132,8 +132,8 @@ async def run_embedx(
     collector = GcClock()
     try:
         await engine.embed(texts)  # warm-up, as the peers get: allocations, page faults
-        if args.gc_freeze:  # what is alive now (modules, the model) leaves the collector's scans
-            gc.freeze()
+        if args.gc_thawed:  # as before the engine froze the heap at load (embedx.heap)
+            gc.unfreeze()
         collector.start()
         before = {d["device"]: d for d in engine.describe()["devices"]}
         sizes_before = batch_sizes(engine)
@@ -165,7 +165,6 @@ async def run_embedx(
             await profile(engine, texts, Path(args.profile))
     finally:
         collector.stop()
-        gc.unfreeze()
         await engine.close()
     return {
         "tokens": result.tokens,
@@ -182,7 +181,7 @@ async def run_embedx(
         # the cyclic collector's pauses, which hold the interpreter lock, per run
         "gc_s": round(collector.seconds / len(runs), 4),
         "gc_collections": [n / len(runs) for n in collector.collections],
-        "gc_frozen": args.gc_freeze,
+        "gc_frozen": not args.gc_thawed,
         "devices": described["devices"],
     }, result.vectors
 
@@ -376,9 +375,9 @@ def main() -> None:
         "first pass on a GPU pays for loading each kernel it meets)",
     )
     parser.add_argument(
-        "--gc-freeze",
+        "--gc-thawed",
         action="store_true",
-        help="gc.freeze() after embedx's warm-up: the collector stops scanning what is alive",
+        help="gc.unfreeze() after embedx's warm-up: the collector scans the whole heap again",
     )
     parser.add_argument("--reference-sample", type=int, default=256)
     parser.add_argument("--skip", nargs="*", default=[], help="methods to leave out")
