@@ -29,7 +29,6 @@ from embedx.errors import (
     ShuttingDown,
     SmokeTestFailed,
 )
-from embedx.heap import gc_paused
 from embedx.models.catalog import ModelSpec, check_template
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype, weight_bytes
 from embedx.models.packing import HostBatch, Staging, bucketed_rows, pack, to_device
@@ -543,7 +542,7 @@ class Engine:
             chunks = self.tokenizer.encode_chunks(texts, truncate=truncate)
             async with contextlib.aclosing(chunks):
                 async for start, encoded in chunks:
-                    with gc_paused():
+                    with heap.gc_paused():
                         views = zip(encoded.lengths, encoded.views(), strict=True)
                         items = [Item(job, start + i, n, ids) for i, (n, ids) in enumerate(views)]
                         self.queue.submit(job, items)
