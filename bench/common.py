@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
 import platform
 import random
+import statistics
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+
+T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
 # ../shared/corpora beside the checkout, or a carried copy (.carry/corpora) on a device machine
@@ -139,6 +144,53 @@ async def open_engine(
     return await Engine.load(
         spec, resolve(str(directory)), accelerators, EngineOptions(max_batch_tokens=tokens)
     )
+
+
+async def take_turns(
+    trials: Mapping[str, Callable[[], Awaitable[T]]], runs: int
+) -> dict[str, list[T]]:
+    """Each trial's results over `runs` rounds, the trials taking turns within a round so
+    drifts in the host's speed fall on all of them alike; every other round runs them in
+    reverse, so what one leaves behind for the next (garbage to collect, say) does too."""
+    got: dict[str, list[T]] = {name: [] for name in trials}
+    for round_ in range(runs):
+        order = list(trials.items())
+        for name, trial in reversed(order) if round_ % 2 else order:
+            got[name].append(await trial())
+    return got
+
+
+def median_run(runs: list[T], seconds: Callable[[T], float]) -> T:
+    return sorted(runs, key=seconds)[len(runs) // 2]
+
+
+def paired_ratio(seconds: Sequence[float], base: Sequence[float]) -> float:
+    """The median, round by round, of one trial's seconds over another's (`take_turns`): a
+    drift in the host's speed between rounds cancels out."""
+    return statistics.median(s / b for s, b in zip(seconds, base, strict=True))
+
+
+class GcClock:
+    """Seconds spent in the cyclic garbage collector, and its collections by generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._since = 0.0
+
+    def start(self) -> None:
+        gc.callbacks.append(self._tick)
+
+    def stop(self) -> None:
+        if self._tick in gc.callbacks:
+            gc.callbacks.remove(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._since
+            self.collections[info["generation"]] += 1
 
 
 def write_json(result: dict[str, Any], out: str | None) -> None:

@@ -21,12 +21,13 @@ import gc
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from common import environment, load_corpus, write_json
-from throughput import GcClock, model_directory
+from common import GcClock, environment, load_corpus, paired_ratio, take_turns, write_json
+from throughput import model_directory
 
 from embedx.devices import CpuAccelerator, DeviceInfo
 from embedx.engine import Engine, EngineOptions, Replica
@@ -63,26 +64,27 @@ async def measure(directory: Path, texts: list[str], rounds: int) -> dict[str, A
     )
     one = await Engine.load(spec, files, [device("fast")], options)
     pair = await Engine.load(spec, files, [device("fast"), device("slow")], options)
-    variants = {"one": (one, True), "pair": (pair, True), "one_thawed": (one, False)}
-    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
     clock = GcClock()
+
+    async def run(engine: Engine, frozen: bool) -> tuple[float, float, float]:
+        """One embed: its seconds, when its last text was queued, its seconds in the
+        collector."""
+        if frozen:
+            gc.freeze()
+        else:
+            gc.unfreeze()
+        in_gc = clock.seconds
+        started = time.perf_counter()
+        result = await engine.embed(texts)
+        seconds = time.perf_counter() - started
+        return seconds, result.tokenize_s, clock.seconds - in_gc
+
+    variants = {"one": (one, True), "pair": (pair, True), "one_thawed": (one, False)}
     clock.start()
     try:
         for engine in (one, pair):
             await engine.embed(texts)  # warm-up
-        for round_ in range(rounds):
-            names = list(variants)
-            for name in reversed(names) if round_ % 2 else names:
-                engine, frozen = variants[name]
-                if frozen:
-                    gc.freeze()
-                else:
-                    gc.unfreeze()
-                in_gc = clock.seconds
-                started = time.perf_counter()
-                result = await engine.embed(texts)
-                seconds = time.perf_counter() - started
-                runs[name].append((seconds, result.tokenize_s, clock.seconds - in_gc))
+        runs = await take_turns({k: partial(run, *v) for k, v in variants.items()}, rounds)
     finally:
         clock.stop()
         await one.close()
@@ -94,7 +96,7 @@ async def measure(directory: Path, texts: list[str], rounds: int) -> dict[str, A
             "tokenized_s": round(statistics.median(r[1] for r in got), 4),
             "gc_s": round(statistics.median(r[2] for r in got), 4),
             "vs_one_paired": round(
-                statistics.median(r[0] / o[0] for r, o in zip(got, runs["one"], strict=True)), 4
+                paired_ratio([r[0] for r in got], [r[0] for r in runs["one"]]), 4
             ),
             "runs_s": [round(r[0], 4) for r in got],
         }

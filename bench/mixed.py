@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from common import (
     DEFAULT_CORPUS,
@@ -34,12 +32,13 @@ from common import (
     environment,
     fast_tokenizer,
     load_corpus,
+    median_run,
     open_engine,
+    paired_ratio,
+    take_turns,
     write_json,
 )
 from throughput import model_directory
-
-T = TypeVar("T")
 
 
 async def converging(engine: Any, texts: list[str]) -> dict[str, Any]:
@@ -69,24 +68,6 @@ async def converging(engine: Any, texts: list[str]) -> dict[str, Any]:
         "tokens": result.tokens,
         "devices": devices,
     }
-
-
-async def take_turns(
-    trials: dict[str, Callable[[], Awaitable[T]]], runs: int
-) -> dict[str, list[T]]:
-    """Each trial's results over `runs` rounds, the trials taking turns within a round so
-    drifts in the host's speed fall on all of them alike; every other round runs them in
-    reverse, so what one leaves behind for the next (garbage to collect, say) does too."""
-    got: dict[str, list[T]] = {name: [] for name in trials}
-    for round_ in range(runs):
-        order = list(trials.items())
-        for name, trial in reversed(order) if round_ % 2 else order:
-            got[name].append(await trial())
-    return got
-
-
-def median_run(runs: list[T], seconds: Callable[[T], float]) -> T:
-    return sorted(runs, key=seconds)[len(runs) // 2]
 
 
 async def alternating(engines: dict[str, Any], texts: list[str], runs: int) -> dict[str, Any]:
@@ -176,8 +157,9 @@ async def measure(
     alone_s = result["fastest_alone"]["makespan_s"]
     result["converging_vs_alone"] = result["converging"]["makespan_s"] / alone_s
     # Round by round: the two ran back to back, so a drift in the host's speed cancels out.
-    rounds = zip(result["fastest_alone"]["runs_s"], result["converging"]["runs_s"], strict=True)
-    result["converging_vs_alone_paired"] = statistics.median(c / a for a, c in rounds)
+    result["converging_vs_alone_paired"] = paired_ratio(
+        result["converging"]["runs_s"], result["fastest_alone"]["runs_s"]
+    )
     if args.static:
         scores = {d.key: d.score for d in discover(load_settings({"devices": args.devices}))}
         # the first device's engine is `alone`: loading takes longer than the runs do

@@ -28,11 +28,13 @@ import numpy as np
 from common import (
     DEFAULT_CORPUS,
     DEFAULT_REPEAT,
+    GcClock,
     batch_size_change,
     batch_sizes,
     environment,
     fast_tokenizer,
     load_corpus,
+    median_run,
     open_engine,
     sample,
     write_json,
@@ -144,7 +146,7 @@ async def run_embedx(
             started = time.perf_counter()
             result = await engine.embed(texts)
             runs.append((time.perf_counter() - started, result))
-        seconds, result = sorted(runs, key=lambda run: run[0])[len(runs) // 2]  # the median
+        seconds, result = median_run(runs, lambda run: run[0])
         collector.stop()
         described = engine.describe()
         padded = (engine.queue.padding_tokens - padded_before) // len(runs)
@@ -184,29 +186,6 @@ async def run_embedx(
         "gc_frozen": not args.gc_thawed,
         "devices": described["devices"],
     }, result.vectors
-
-
-class GcClock:
-    """Seconds spent in the cyclic garbage collector, and its collections by generation."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.collections = [0, 0, 0]
-        self._since = 0.0
-
-    def start(self) -> None:
-        gc.callbacks.append(self._tick)
-
-    def stop(self) -> None:
-        if self._tick in gc.callbacks:
-            gc.callbacks.remove(self._tick)
-
-    def _tick(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._since = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._since
-            self.collections[info["generation"]] += 1
 
 
 async def profile(engine: Any, texts: list[str], directory: Path) -> None:

@@ -22,9 +22,18 @@ import asyncio
 import random
 import statistics
 import time
+from functools import partial
 from typing import Any
 
-from common import corpus_path, environment, load_corpus, read_texts, write_json
+from common import (
+    corpus_path,
+    environment,
+    load_corpus,
+    paired_ratio,
+    read_texts,
+    take_turns,
+    write_json,
+)
 from throughput import minilm_directory
 
 from embedx.models.source import resolve
@@ -111,8 +120,7 @@ def long_documents(tokenizer: TextTokenizer, texts: list[str]) -> dict[str, Any]
 
 
 def input_order(tokenizer: TextTokenizer, texts: list[str], rounds: int) -> dict[str, Any]:
-    """Seconds to run `encode_chunks` over the texts in three orders, the orders taking turns
-    (reversed every other round)."""
+    """Seconds to run `encode_chunks` over the texts in three orders, taking turns."""
     shuffled = texts[:]
     random.Random(0).shuffle(shuffled)
     orders = {"corpus": texts, "shuffled": shuffled, "by_length": sorted(texts, key=len)}
@@ -123,16 +131,14 @@ def input_order(tokenizer: TextTokenizer, texts: list[str], rounds: int) -> dict
             pass
         return time.perf_counter() - started
 
-    runs: dict[str, list[float]] = {name: [] for name in orders}
-    for round_ in range(rounds):
-        names = list(orders)
-        for name in reversed(names) if round_ % 2 else names:
-            runs[name].append(asyncio.run(pipelined(orders[name])))
+    trials = {name: partial(pipelined, part) for name, part in orders.items()}
+    runs = asyncio.run(take_turns(trials, rounds))
     result: dict[str, Any] = {"rounds": rounds}
     for name, seconds in runs.items():
-        paired = [s / c for s, c in zip(seconds, runs["corpus"], strict=True)]
-        result[name] = {"median_s": round(statistics.median(seconds), 4),
-                        "vs_corpus_paired": round(statistics.median(paired), 4)}  # fmt: skip
+        result[name] = {
+            "median_s": round(statistics.median(seconds), 4),
+            "vs_corpus_paired": round(paired_ratio(seconds, runs["corpus"]), 4),
+        }
     return result
 
 
