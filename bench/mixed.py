@@ -8,6 +8,8 @@ take turns, and each reports its median of --runs; `converging_vs_alone_paired` 
 median, round by round, of the converging queue's time over the fastest device's. For the
 converging queue: each device's share of the tokens, how long it sat idle before the last
 batch finished (its end idle), and when each run's last text was queued (`tokenized_s`).
+With --control, a second engine on the fastest device alone takes turns too, and
+`control_vs_alone_paired` says how far two identical engines differ in this process.
 Static splits run one engine per device on a fixed share of the tokens (the longest texts
 to the first, each part in the caller's order), concurrently: even, by static device score,
 and the best ratio found by search in hindsight (two devices). They too take turns and
@@ -82,6 +84,9 @@ async def alternating(engines: dict[str, Any], texts: list[str], runs: int) -> d
         result[name] = median_run(got, lambda run: run["makespan_s"])
         result[name]["runs_s"] = [round(run["makespan_s"], 4) for run in got]
         result[name]["tokenized_runs_s"] = [round(run["tokenized_s"], 4) for run in got]
+        result[name]["token_shares_runs"] = [
+            {device: d["token_share"] for device, d in run["devices"].items()} for run in got
+        ]
     return result
 
 
@@ -151,15 +156,25 @@ async def measure(
     result: dict[str, Any] = {"devices": keys, "texts": len(texts)}
     alone = await open_engine(directory, pooling, length, keys[0], args.max_batch_tokens)
     pair = await open_engine(directory, pooling, length, args.devices, args.max_batch_tokens)
-    timed = await alternating({"fastest_alone": alone, "converging": pair}, texts, args.runs)
+    engines = {"fastest_alone": alone, "converging": pair}
+    if args.control:  # loaded last, so a cost of loading second would show here too
+        engines["control"] = await open_engine(
+            directory, pooling, length, keys[0], args.max_batch_tokens
+        )
+    timed = await alternating(engines, texts, args.runs)
     result.update(timed)
-    await pair.close()
+    for engine in list(engines.values())[1:]:
+        await engine.close()
     alone_s = result["fastest_alone"]["makespan_s"]
     result["converging_vs_alone"] = result["converging"]["makespan_s"] / alone_s
     # Round by round: the two ran back to back, so a drift in the host's speed cancels out.
     result["converging_vs_alone_paired"] = paired_ratio(
         result["converging"]["runs_s"], result["fastest_alone"]["runs_s"]
     )
+    if args.control:  # the same device alone against itself: the measurement's own bias
+        result["control_vs_alone_paired"] = paired_ratio(
+            result["control"]["runs_s"], result["fastest_alone"]["runs_s"]
+        )
     if args.static:
         scores = {d.key: d.score for d in discover(load_settings({"devices": args.devices}))}
         # the first device's engine is `alone`: loading takes longer than the runs do
@@ -196,6 +211,12 @@ def main() -> None:
     parser.add_argument("--max-batch-tokens", type=int, default=262144)  # as throughput.py
     parser.add_argument("--runs", type=int, default=3, help="timed runs each; medians count")
     parser.add_argument("--static", action="store_true", help="also run the static splits")
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="also time a second engine on the fastest device alone, loaded last, taking "
+        "turns with the others: how far two identical engines differ here",
+    )
     parser.add_argument("--oracle-grid", type=float, nargs="+",
                         default=[0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9])  # fmt: skip
     parser.add_argument("--note", default="", help="recorded as is, e.g. the co-tenant's setup")

@@ -25,8 +25,11 @@ single)
       --out "$out/throughput-$model.json" >"$out/throughput-$model.log" 2>&1
     python3 summarize.py "$out/throughput-$model.json"
   done
+  # MiniLM runs vary by up to 10% from one to the next: 31 runs, and a second engine on the
+  # GPU alone (--control) shows how far two identical engines differ
   for model in ${MIXED:-minilm bert-large}; do
-    timeout 240 $cores python3 mixed.py $model --devices 0,cpu --runs 9 --out "$out/mixed-$model-gpu-cpu.json" \
+    runs=$([ "$model" = minilm ] && echo 31 || echo 9)
+    timeout 300 $cores python3 mixed.py $model --devices 0,cpu --runs $runs --control --out "$out/mixed-$model-gpu-cpu.json" \
       >"$out/mixed-$model-gpu-cpu.log" 2>&1
     python3 summarize.py "$out/mixed-$model-gpu-cpu.json"
   done
@@ -46,7 +49,8 @@ two)
   # They load the card, not our cores: on cores 16-31 where the machine has them.
   # The static splits' grid brackets the share the converging queue found (printed as
   # `shares`): MiniLM gives GPU 0 about 0.9 of the tokens or all of them, BERT-large about
-  # 0.8. MiniLM runs vary by up to 10% from one to the next: it gets fifteen runs.
+  # 0.8. MiniLM runs vary by up to 10% from one to the next: it gets 31 runs, and a second
+  # engine on GPU 0 alone (--control) shows how far two identical engines differ.
   # COTENANT_MODELS picks the models (both by default).
   # They run until killed below (the limit is a backstop): loading BERT-large on the shared
   # GPU alone can take a minute, and a static split measured after they stopped is void.
@@ -54,10 +58,10 @@ two)
   [ "$(nproc)" -ge 32 ] && cotenant="taskset -c 16-31 $cotenant"
   $cotenant & $cotenant &
   sleep 5
-  for run in minilm:15:0.85,0.9,0.95,0.98 bert-large:3:0.7,0.75,0.8,0.85; do
+  for run in minilm:31:0.85,0.9,0.95,0.98 bert-large:3:0.7,0.75,0.8,0.85; do
     IFS=: read -r model runs grid <<<"$run"
     [[ " ${COTENANT_MODELS:-minilm bert-large} " == *" $model "* ]] || continue
-    timeout 600 $cores python3 mixed.py $model --devices 0,1 --static --oracle-grid ${grid//,/ } --runs $runs \
+    timeout 600 $cores python3 mixed.py $model --devices 0,1 --static --control --oracle-grid ${grid//,/ } --runs $runs \
       --note "GPU 1 shared with two co-tenant processes running bf16 8192^3 matrix products" \
       --out "$out/mixed-$model-cotenant.json" >"$out/mixed-$model-cotenant.log" 2>&1
     python3 summarize.py "$out/mixed-$model-cotenant.json"

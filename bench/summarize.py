@@ -5,6 +5,20 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+from common import paired_ratio
+
+
+def _control(data: dict[str, Any]) -> str:
+    """The second engine on the fastest device alone (mixed.py --control), and the converging
+    queue round by round against it: both were loaded after the first engine alone."""
+    control = data["control"]
+    against = paired_ratio(data["converging"]["runs_s"], control["runs_s"])
+    return (
+        f"control {control['makespan_s']:.3f}s (paired {data['control_vs_alone_paired']:.3f}; "
+        f"converging against it, paired {against:.3f}) "
+    )
 
 
 def line(path: Path) -> str:
@@ -29,7 +43,8 @@ def line(path: Path) -> str:
             f"mixed {data['model']} {data['devices']}: alone {alone:.3f}s converging {ours:.3f}s "
             f"ratio {data['converging_vs_alone']:.3f} "
             f"(paired {data.get('converging_vs_alone_paired', float('nan')):.3f}) "
-            f"shares {shares} end idle {idle} "
+            + (_control(data) if "control" in data else "")
+            + f"shares {shares} end idle {idle} "
             f"static {static}"
         )
     if kind == "load":
