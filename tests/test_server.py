@@ -242,6 +242,12 @@ def test_bad_input_is_a_400_with_a_clear_message(
     assert_envelope(post(server, "/v1/embeddings", json=body), 400, code)
 
 
+def test_token_ids_are_refused_with_the_langchain_setting_that_sends_them(server: Server) -> None:
+    body = {"model": MINILM_NAME, "input": [[101, 2023, 102]]}
+    error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, "unsupported_input")
+    assert "check_embedding_ctx_length=False" in error["message"]
+
+
 def test_a_pooling_conflict_is_a_409(server: Server) -> None:
     body = {"model": MINILM_NAME, "input": "x", "pooling": "cls"}
     assert_envelope(post(server, "/v1/embeddings", json=body), 409, "pooling_conflict")

@@ -88,9 +88,13 @@ def _texts(value: Any, param: str, max_items: int) -> list[str]:
         if isinstance(text, int) or (
             isinstance(text, list) and all(isinstance(t, int) for t in text)
         ):
+            # The usual sender: LangChain's OpenAIEmbeddings, which tokenizes with OpenAI's
+            # tiktoken vocabulary, whose ids mean nothing to another model.
             raise TokenInputNotSupported(
                 f"`{param}` holds token ids; embedx embeds text: send the strings themselves, "
-                "it tokenizes them with the model's own tokenizer",
+                "it tokenizes them with the model's own tokenizer (LangChain's "
+                "OpenAIEmbeddings sends OpenAI token ids unless "
+                "check_embedding_ctx_length=False)",
                 param=param,
             )
         raise InvalidInput(f"`{param}[{i}]` is {type(text).__name__}, not a string", param=param)
