@@ -14,7 +14,7 @@ from embedx.errors import Bug, EmbedxError, MethodNotAllowed, NotFound
 from embedx.registry import ModelRegistry
 from embedx.server import admin, embeddings
 from embedx.server.admission import Admission
-from embedx.server.edge import Edge
+from embedx.server.edge import Edge, route_of
 from embedx.server.responses import error_response
 from embedx.server.state import ServerState
 
@@ -24,6 +24,7 @@ Handler = Callable[[ServerState, Request], Awaitable[Response]]
 ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/v1/embeddings", embeddings.create_embeddings),
     ("GET", "/v1/models", embeddings.list_models),
+    ("GET", "/v1/models/{path:model}", embeddings.retrieve_model),
     ("POST", "/embed", embeddings.embed_tei),
     ("GET", "/health", admin.health),
     ("GET", "/info", admin.info),
@@ -73,7 +74,7 @@ def _bound(state: ServerState, handler: Handler) -> Callable[[Request], Awaitabl
 
 async def _fallback(request: Request) -> Response:
     path = request.url.path.decode()
-    allowed = [method for method, known, _ in ROUTES if known == path]
+    allowed = [method for method, known, _ in ROUTES if route_of(path, (known,))]
     if allowed:
         return error_response(
             MethodNotAllowed(f"{request.method} is not allowed on {path}", allow=allowed)

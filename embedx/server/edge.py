@@ -10,7 +10,7 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from embedx.errors import AuthenticationFailed, Bug, EmbedxError, PayloadTooLarge, ShuttingDown
@@ -73,7 +73,7 @@ class Edge:
             state.in_flight -= 1
             if not state.in_flight:
                 state.idle.set()
-            route = path if path in self.paths else "other"
+            route = path if path in self.paths else route_of(path, self.paths) or "other"
             state.http.observe(
                 route, scope["method"], response.status, time.perf_counter() - started
             )
@@ -168,6 +168,16 @@ class _Response:
         status, headers, body = error_body(error)
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
+
+
+def route_of(path: str, routes: Iterable[str]) -> str | None:
+    """The route `path` falls under: itself, or one ending in a `{path:...}` parameter whose
+    prefix it extends (`/v1/models/{path:model}`: model names hold slashes)."""
+    for route in routes:
+        head, parameter, _ = route.partition("{path:")
+        if route == path or (parameter and path.startswith(head) and len(path) > len(head)):
+            return route
+    return None
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

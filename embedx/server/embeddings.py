@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import binascii
+from typing import Any
 
 import numpy as np
 import orjson
 from blacksheep import Request, Response
 
 from embedx.engine import EmbedOptions, EmbedResult
+from embedx.errors import ModelNotFound
+from embedx.registry import Resident
 from embedx.server.responses import json_bytes_response, json_response
 from embedx.server.state import ServerState
 from embedx.server.validation import EmbedRequest, parse_openai, parse_tei
@@ -77,21 +80,35 @@ def _timing(result: EmbedResult) -> dict[str, str]:
 async def list_models(state: ServerState, http: Request) -> Response:
     resident = {r.spec.name: r for r in state.registry.residents()}
     names = sorted(set(state.registry.catalog) | set(resident))
-    created = int(state.started_at)
-    data = []
-    for name in names:
-        entry = resident.get(name)
-        engine = entry.engine if entry is not None else None
-        spec = entry.spec if entry is not None else state.registry.catalog[name]
-        data.append(
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "embedx",
-                "resident": engine is not None,
-                "pooling": spec.pooling.value if spec.pooling else None,
-                "dimensions": engine.dimensions if engine is not None else None,
-            }
-        )
+    data = [_model_card(state, name, resident) for name in names]
     return json_response({"object": "list", "data": data})
+
+
+async def retrieve_model(state: ServerState, http: Request) -> Response:
+    """GET /v1/models/{model}: the OpenAI SDK's `models.retrieve`. Names like `org/model`
+    arrive with their slash percent-encoded by the SDK, or as is from curl: both match."""
+    name = http.route_values["model"]
+    resident = {r.spec.name: r for r in state.registry.residents()}
+    if name not in resident and name not in state.registry.catalog:
+        raise ModelNotFound(
+            f"model {name!r} is neither in this server's catalog nor loaded; "
+            "GET /v1/models lists those",
+            param="model",
+        )
+    return json_response(_model_card(state, name, resident))
+
+
+def _model_card(state: ServerState, name: str, resident: dict[str, Resident]) -> dict[str, Any]:
+    """One model in OpenAI's shape, with what embedx knows of it."""
+    entry = resident.get(name)
+    engine = entry.engine if entry is not None else None
+    spec = entry.spec if entry is not None else state.registry.catalog[name]
+    return {
+        "id": name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "embedx",
+        "resident": engine is not None,
+        "pooling": spec.pooling.value if spec.pooling else None,
+        "dimensions": engine.dimensions if engine is not None else None,
+    }

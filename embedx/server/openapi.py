@@ -140,6 +140,11 @@ def openapi_spec() -> dict[str, Any]:
                 errors=embedding_errors)},
             "/v1/models": {"get": _operation(
                 "Models resident and in the catalog (OpenAI)", _OBJECT)},
+            "/v1/models/{model}": {"get": {**_operation(
+                "One model, resident or in the catalog (OpenAI)", _OBJECT, errors=(401, 404)),
+                "parameters": [{"name": "model", "in": "path", "required": True,
+                                "schema": {"type": "string"},
+                                "description": "Slashes as they are or percent-encoded."}]}},
             "/embed": {"post": _operation(
                 "Embed (text-embeddings-inference)", _VECTORS, request=_TEI_REQUEST,
                 errors=embedding_errors)},
