@@ -159,6 +159,13 @@ class Settings:
     api_key: str | None = _setting(
         None, _optional(_text), "Bearer token required on every route but /health.", "unset"
     )
+    cors_allow_origins: tuple[str, ...] = _setting(
+        (),
+        _names,
+        "Browser origins that may call the API (CORS), comma separated, e.g. "
+        "`https://app.example.com`, or `*` for any; unset: none.",
+        "unset",
+    )
     log_level: str = _setting("info", _log_level, "One of debug, info, warning, error.")
     devices: tuple[str, ...] | None = _setting(
         None,

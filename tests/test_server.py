@@ -419,6 +419,48 @@ def test_an_api_key_guards_every_route_but_health(tmp_path: Path) -> None:
         )
 
 
+APP = "https://app.example.com"
+
+
+def test_a_page_on_an_allowed_origin_gets_cors_answers(tmp_path: Path) -> None:
+    with running_server(
+        tmp_path, api_key="s3cret", preload=MINILM_NAME, cors_allow_origins=APP
+    ) as keyed:
+        asking = {"Origin": APP, "Access-Control-Request-Method": "POST",
+                  "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
+        preflight = httpx.options(keyed.url + "/v1/embeddings", headers=asking)  # no key
+        assert preflight.status_code == 204
+        assert preflight.headers["access-control-allow-origin"] == APP
+        assert "POST" in preflight.headers["access-control-allow-methods"]
+        assert preflight.headers["access-control-allow-headers"] == "authorization, content-type"
+        assert preflight.headers["vary"] == "origin"
+
+        body = {"model": MINILM_NAME, "input": "x"}
+        keyed_post = {"Origin": APP, "Authorization": "Bearer s3cret"}
+        ok = post(keyed, "/v1/embeddings", json=body, headers=keyed_post)
+        assert ok.status_code == 200
+        assert ok.headers["access-control-allow-origin"] == APP
+        assert "x-total-tokens" in ok.headers["access-control-expose-headers"]
+        refused = post(keyed, "/v1/embeddings", json=body, headers={"Origin": APP})
+        assert_envelope(refused, 401, "invalid_api_key")  # and the page can read why:
+        assert refused.headers["access-control-allow-origin"] == APP
+
+        other_page = "https://other.example.com"
+        elsewhere = {**asking, "Origin": other_page}
+        assert httpx.options(keyed.url + "/v1/embeddings", headers=elsewhere).status_code != 204
+        other = post(
+            keyed, "/v1/embeddings", json=body, headers={**keyed_post, "Origin": other_page}
+        )
+        assert other.status_code == 200
+        assert "access-control-allow-origin" not in other.headers
+
+
+def test_without_allowed_origins_no_cors_headers_are_sent(server: Server) -> None:
+    response = httpx.get(server.url + "/v1/models", headers={"Origin": APP})
+    assert response.status_code == 200
+    assert not [name for name in response.headers if name.startswith("access-control-")]
+
+
 def test_requests_past_the_concurrency_limit_wait_then_get_a_503(
     tmp_path: Path, reference_texts: list[str]
 ) -> None:

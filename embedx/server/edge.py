@@ -1,6 +1,7 @@
 """The outermost ASGI layer: refuses what must not reach the app (draining, no key, a body over
-the limit), notices a client that hangs up (and cancels its request), counts every request,
-and turns anything unexpected into a plain 500 envelope while the traceback goes to the log."""
+the limit), answers browsers' CORS preflights for the origins allowed, notices a client that
+hangs up (and cancels its request), counts every request, and turns anything unexpected into
+a plain 500 envelope while the traceback goes to the log."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = logging.getLogger("embedx.server")
 CLIENT_CLOSED = 499  # the status metrics record for a request whose client hung up
 OPEN_PATHS = frozenset({"/health"})  # no key needed
+# What a browser page on an allowed origin may send and read (CORS).
+CORS_METHODS = b"GET, POST"
+CORS_EXPOSED = b"x-request-id, x-tokenization-time, x-inference-time, x-total-time, x-total-tokens"
+CORS_MAX_AGE = b"600"  # seconds a browser may reuse a preflight's answer
 
 
 class ClientGone(Exception):
@@ -39,6 +44,9 @@ class Edge:
         self.paths = paths  # routes known to the app: the label metrics use
         key = state.settings.api_key
         self._expected = f"Bearer {key}".encode() if key else None
+        origins = state.settings.cors_allow_origins
+        self._any_origin = "*" in origins
+        self._origins = frozenset(origin.rstrip("/").encode() for origin in origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan: the app starts and stops the registry
@@ -48,10 +56,14 @@ class Edge:
         path: str = scope["path"]
         request_id = uuid.uuid4().hex[:16].encode()
         started = time.perf_counter()
-        response = _Response(send, request_id)
+        origin = self._allowed_origin(scope)
+        response = _Response(send, request_id, _cors_headers(origin))
         state.in_flight += 1
         state.idle.clear()
         try:
+            if origin is not None and _is_preflight(scope):  # browsers send it without a key
+                await response.preflight(scope)
+                return
             refusal = self._refusal(scope, path)
             if refusal is not None:
                 await response.error(refusal)
@@ -77,6 +89,15 @@ class Edge:
             state.http.observe(
                 route, scope["method"], response.status, time.perf_counter() - started
             )
+
+    def _allowed_origin(self, scope: Scope) -> bytes | None:
+        """The value of `access-control-allow-origin` this request gets, if any."""
+        origin = _header(scope, b"origin")
+        if origin is None or not (self._any_origin or self._origins):
+            return None
+        if self._any_origin:
+            return b"*"
+        return origin if origin in self._origins else None
 
     def _refusal(self, scope: Scope, path: str) -> EmbedxError | None:
         if self.state.draining and path not in OPEN_PATHS:
@@ -147,11 +168,12 @@ class Edge:
 
 
 class _Response:
-    """The send channel of one request: tags the response, remembers its status."""
+    """The send channel of one request: tags the response (request id, CORS headers),
+    remembers its status."""
 
-    def __init__(self, send: Send, request_id: bytes) -> None:
+    def __init__(self, send: Send, request_id: bytes, cors: list[tuple[bytes, bytes]]) -> None:
         self._send = send
-        self._request_id = request_id
+        self._tags = [(b"x-request-id", request_id), *cors]
         self.status = 500
         self.started = False
 
@@ -159,8 +181,20 @@ class _Response:
         if message["type"] == "http.response.start":
             self.started = True
             self.status = message["status"]
-            message["headers"] = [*message.get("headers", []), (b"x-request-id", self._request_id)]
+            message["headers"] = [*message.get("headers", []), *self._tags]
         await self._send(message)
+
+    async def preflight(self, scope: Scope) -> None:
+        """204 to a CORS preflight from an allowed origin: the methods, and the headers it
+        asked to send (Authorization among them, which no wildcard covers)."""
+        asked = _header(scope, b"access-control-request-headers")
+        headers = [
+            (b"access-control-allow-methods", CORS_METHODS),
+            (b"access-control-max-age", CORS_MAX_AGE),
+            *([(b"access-control-allow-headers", asked)] if asked else []),
+        ]
+        await self.send({"type": "http.response.start", "status": 204, "headers": headers})
+        await self.send({"type": "http.response.body", "body": b""})
 
     async def error(self, error: EmbedxError) -> None:
         if self.started:  # too late for a clean error: the log has it
@@ -168,6 +202,25 @@ class _Response:
         status, headers, body = error_body(error)
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
+
+
+def _is_preflight(scope: Scope) -> bool:
+    return (
+        scope["method"] == "OPTIONS"
+        and _header(scope, b"access-control-request-method") is not None
+    )
+
+
+def _cors_headers(origin: bytes | None) -> list[tuple[bytes, bytes]]:
+    if origin is None:
+        return []
+    headers = [
+        (b"access-control-allow-origin", origin),
+        (b"access-control-expose-headers", CORS_EXPOSED),
+    ]
+    if origin != b"*":  # the answer depends on the request's origin: caches must know
+        headers.append((b"vary", b"origin"))
+    return headers
 
 
 def route_of(path: str, routes: Iterable[str]) -> str | None:
