@@ -92,12 +92,12 @@ class Edge:
 
     def _allowed_origin(self, scope: Scope) -> bytes | None:
         """The value of `access-control-allow-origin` this request gets, if any."""
-        origin = _header(scope, b"origin")
-        if origin is None or not (self._any_origin or self._origins):
+        if not (self._any_origin or self._origins):
             return None
-        if self._any_origin:
-            return b"*"
-        return origin if origin in self._origins else None
+        origin = _header(scope, b"origin")
+        if origin is None:
+            return None
+        return b"*" if self._any_origin else origin if origin in self._origins else None
 
     def _refusal(self, scope: Scope, path: str) -> EmbedxError | None:
         if self.state.draining and path not in OPEN_PATHS:
