@@ -200,6 +200,16 @@ def test_tei_truncate_false_refuses_an_over_long_text(server: Server) -> None:
     assert post(server, "/embed", json=body).status_code == 200
 
 
+def test_every_request_leaves_an_access_line_with_its_id(server: Server) -> None:
+    response = post(server, "/v1/embeddings", json={"model": MINILM_NAME, "input": "x"})
+    request_id = response.headers["x-request-id"]
+    deadline = time.monotonic() + 10  # the line is written as the request finishes
+    while f"id={request_id}" not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = next(line for line in server.output().splitlines() if f"id={request_id}" in line)
+    assert "embedx.access: POST /v1/embeddings 200 " in line
+
+
 def test_models_lists_catalog_and_resident_models(server: Server) -> None:
     models = client(server).models.list()
     minilm = next(m for m in models.data if m.id == MINILM_NAME)

@@ -25,6 +25,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger("embedx.server")
+access = logging.getLogger("embedx.access")  # a line per request, at info
 CLIENT_CLOSED = 499  # the status metrics record for a request whose client hung up
 OPEN_PATHS = frozenset({"/health"})  # no key needed
 # What a browser page on an allowed origin may send and read (CORS).
@@ -86,8 +87,15 @@ class Edge:
             if not state.in_flight:
                 state.idle.set()
             route = path if path in self.paths else route_of(path, self.paths) or "other"
-            state.http.observe(
-                route, scope["method"], response.status, time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            state.http.observe(route, scope["method"], response.status, seconds)
+            access.info(
+                "%s %s %d %.1f ms id=%s",
+                scope["method"],
+                path,
+                response.status,
+                seconds * 1000,
+                request_id.decode(),
             )
 
     def _allowed_origin(self, scope: Scope) -> bytes | None:
