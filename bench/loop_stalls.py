@@ -5,9 +5,10 @@
 On uvloop, a task that sleeps 1 ms at a time notes every wake-up later than 3 ms: the loop's
 thread was waiting for the interpreter lock (or for a core). Each case awaits --calls calls
 over the same texts, either through `tokenizers`' own `async_encode_batch_fast` (what the
-engine uses) or `encode_batch_fast` in a worker thread (`asyncio.to_thread`). With one
-tokenizer thread on a machine of two cores or more, the loop's thread has a core of its own,
-so what stalls it is the lock. JSON out: per case, the median call and the stalls.
+engine used before its tokenizer got a thread of its own) or `encode_batch_fast` in a worker
+thread (`asyncio.to_thread`). With one tokenizer thread on a machine of two cores or more,
+the loop's thread has a core of its own, so what stalls it is the lock. JSON out: per case,
+the median call and the stalls.
 """
 
 from __future__ import annotations

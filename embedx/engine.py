@@ -578,6 +578,7 @@ class Engine:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         self.queue.close()
+        self.tokenizer.close()
         accelerators = [r.accelerator for r in self.replicas]
         self.replicas.clear()
         self.workers.clear()

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,7 @@ from embedx.errors import (
     InvalidOption,
     ModelNotFound,
     PickleOnlyWeights,
+    ShuttingDown,
     UnsupportedDimensions,
     UnverifiableWeights,
 )
@@ -211,14 +213,14 @@ async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_id
 ) -> None:
     tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
     calls = 0
-    encode = tokenizer._tokenizer.async_encode_batch_fast
+    encode = tokenizer._tokenizer.encode_batch_fast
 
     def counted(texts: list[str]) -> Any:
         nonlocal calls
         calls += 1
         return encode(texts)
 
-    tokenizer._tokenizer = SimpleNamespace(async_encode_batch_fast=counted)  # type: ignore[assignment]
+    tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=counted)  # type: ignore[assignment]
     parts = [reference_texts[i * 40 : (i + 1) * 40] for i in range(6)]
 
     async def ids(texts: list[str]) -> list[list[int]]:
@@ -243,6 +245,44 @@ async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_id
     assert tokenizer.calls == calls  # what /info reports
     assert tokenizer.texts >= sum(map(len, parts))
     assert tokenizer.busy_s > 0
+
+
+@pytest.mark.anyio
+async def test_a_failed_call_reaches_every_waiter_and_closing_fails_those_still_queued(
+    minilm_dir: Path,
+) -> None:
+    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
+    encode = tokenizer._tokenizer.encode_batch_fast
+    entered, release = threading.Event(), threading.Event()
+
+    def refuses(texts: list[str]) -> Any:
+        raise ValueError("the tokenizer refused")
+
+    tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=refuses)  # type: ignore[assignment]
+    refused = [tokenizer._start(["one"]), tokenizer._start(["two"])]
+    for future in refused:
+        with pytest.raises(ValueError, match="refused"):
+            await future
+
+    def held(texts: list[str]) -> Any:  # the next call waits until released
+        entered.set()
+        release.wait(10)
+        return encode(texts)
+
+    tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=held)  # type: ignore[assignment]
+    running = tokenizer._start(["in the call when it closes"])
+    assert await asyncio.to_thread(entered.wait, 10)
+    queued = tokenizer._start(["queued behind it"])
+    tokenizer.close()
+    release.set()
+    assert len(await running) == 1  # the call under way finishes
+    with pytest.raises(ShuttingDown):
+        await asyncio.wait_for(queued, 10)  # rather than waiting forever
+    assert tokenizer._thread is not None
+    tokenizer._thread.join(10)
+    assert not tokenizer._thread.is_alive()
+    with pytest.raises(ShuttingDown):
+        tokenizer._start(["after it closed"])
 
 
 def encode_all(directory: Path, texts: list[str]) -> list[Any]:

@@ -1,10 +1,12 @@
 """Texts to token ids with the model's fast tokenizer: truncation (counted), texts far longer
-than the model reads cut at a space first, and batch encoding that runs off the event loop
-in Rust threads, one call at a time, shared by the requests that queue texts while it runs."""
+than the model reads cut at a space first, and batch encoding off the event loop on a thread
+of its own, one call at a time, shared by the requests that queue texts while it runs."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embedx.errors import InputTooLong, InvalidInput
+from embedx.errors import InputTooLong, InvalidInput, ShuttingDown
 from embedx.heap import gc_paused
 
 if TYPE_CHECKING:
@@ -27,7 +29,6 @@ if TYPE_CHECKING:
 # "pipelined"), and chunks of concurrent requests that arrive meanwhile share it.
 FIRST_CHUNK = 1024
 CHUNK = 4096
-CALLS_IN_FLIGHT = 1  # calls running at once: two were no faster in the H200 server (load.py)
 # A text longer than this many characters per token the model reads is cut at a space
 # before tokenizing: the tokenizer's time follows the text's length, not what is kept of it.
 # The cut is taken only where it cannot change the kept tokens (`_splits_at_spaces`,
@@ -63,22 +64,27 @@ class TextTokenizer:
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_seq_len)
         self.cut_at = max_seq_len * CHARS_PER_TOKEN if _splits_at_spaces(self._tokenizer) else None
-        # tokenizers >= 0.22 encodes in its own threads behind an awaitable
-        self._async = hasattr(self._tokenizer, "async_encode_batch_fast")
-        self._waiting: list[tuple[list[str], asyncio.Future[list[Encoding]]]] = []
-        self._calling = 0
+        # One thread makes the calls, back to back: the next starts as the last returns,
+        # with whatever texts were queued meanwhile, not when the busy event loop gets to
+        # the last one's result (on the H200 host the server's loop thread spent about 10%
+        # less time a text, its requests 30 to 50% less waiting for their tokens:
+        # bench/results/h200x2-run10/, the `6-` files).
+        # The tokenizer spreads each call over every core itself.
+        self._queued = threading.Condition()
+        self._waiting: list[_Waiter] = []
+        self._closed = False
+        self._thread: threading.Thread | None = None
         # For /info: when tokenizing limits a server, its busy share nears 1.
         self.calls = 0
         self.texts = 0
         self.recut = 0  # cut texts tokenized whole after all (see `_unclean_cuts`)
         self.busy_s = 0.0
-        self._busy_since = 0.0
 
     async def encode_chunks(
         self, texts: Sequence[str], *, truncate: bool = True
     ) -> AsyncGenerator[tuple[int, Encoded]]:
         """Encode in chunks without blocking the event loop, yielding (first index, chunk) in
-        order; the next chunk encodes in the tokenizer's threads while the caller handles
+        order; the next chunk encodes on the tokenizer's thread while the caller handles
         this one. With `truncate` off, an over-long text is an InputTooLong error naming it."""
         bounds = chunk_bounds(len(texts))
         ahead = self._start(texts[slice(*bounds[0])])
@@ -88,7 +94,7 @@ class TextTokenizer:
                 if i + 1 < len(bounds):
                     ahead = self._start(texts[slice(*bounds[i + 1])])
                 redo = self._unclean_cuts(encodings, texts[start:stop])
-                if redo:  # in the tokenizer's threads too: a long text could hold the loop
+                if redo:  # on the tokenizer's thread too: a long text could hold the loop
                     whole = await self._start([texts[start + j] for j in redo], cut=False)
                     _replace(encodings, redo, whole)
                 yield start, self._collect(encodings, truncate, offset=start)
@@ -96,62 +102,66 @@ class TextTokenizer:
             ahead.cancel()  # the caller stopped early: its texts leave the next call
 
     def _start(self, texts: Sequence[str], cut: bool = True) -> asyncio.Future[list[Encoding]]:
-        """Queue texts (cut first, unless told not to) for the tokenizer: they go in the
-        current call if none is running, else in the next one, together with whatever else
-        arrives until then."""
-        future: asyncio.Future[list[Encoding]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((self._cut(texts) if cut else list(texts), future))
-        if self._calling < CALLS_IN_FLIGHT:
-            self._call_next()
+        """Queue texts (cut first, unless told not to) for the tokenizer's thread: they go in
+        its next call, together with whatever else arrives until it starts."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Encoding]] = loop.create_future()
+        waiter = _Waiter(self._cut(texts) if cut else list(texts), future, loop)
+        with self._queued:
+            if self._closed:
+                raise ShuttingDown("the model is closing: its tokenizer takes no more texts")
+            self._waiting.append(waiter)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="embedx-tokenizer", daemon=True
+                )
+                self._thread.start()
+            self._queued.notify()
         return future
 
-    def _call_next(self) -> None:
-        batch = [(texts, future) for texts, future in self._waiting if not future.done()]
-        self._waiting = []
-        if not batch:
-            return
-        texts = [text for part, _ in batch for text in part]
-        call: asyncio.Future[list[Encoding]]
-        try:
-            if self._async:
-                call = self._tokenizer.async_encode_batch_fast(texts)
-            else:
-                call = asyncio.ensure_future(
-                    asyncio.to_thread(self._tokenizer.encode_batch_fast, texts)
-                )
-        except Exception as exc:  # refused outright: every waiter hears it
-            for _, future in batch:
-                future.set_exception(exc)
-            return
-        if not self._calling:
-            self._busy_since = time.monotonic()
-        self._calling += 1
-        self.calls += 1
-        self.texts += len(texts)
-        call.add_done_callback(lambda done: self._hand_out(batch, done))
+    def _run(self) -> None:
+        """The tokenizer's thread: one call at a time over everything queued, each result
+        handed to its waiters on their event loop; once closed, whoever still waits hears
+        so."""
+        while True:
+            with self._queued:
+                while not self._waiting and not self._closed:
+                    self._queued.wait()
+                # a caller that stopped waiting leaves the call (a racy read, at worst an
+                # unwanted text encoded)
+                batch = [waiter for waiter in self._waiting if not waiter.future.done()]
+                self._waiting = []
+                if self._closed:
+                    closing = ShuttingDown("the model closed while its texts were queued")
+                    for waiter in batch:
+                        _hand(waiter, closing)
+                    return
+            if batch:
+                self._call(batch)
 
-    def _hand_out(
-        self,
-        batch: list[tuple[list[str], asyncio.Future[list[Encoding]]]],
-        call: asyncio.Future[list[Encoding]],
-    ) -> None:
-        """Give each waiter its slice of a finished call, then start the next call."""
-        self._calling -= 1
-        if not self._calling:
-            self.busy_s += time.monotonic() - self._busy_since
+    def _call(self, batch: list[_Waiter]) -> None:
+        texts = [text for waiter in batch for text in waiter.texts]
+        started = time.monotonic()
+        try:  # the tokenizer releases the GIL while it encodes
+            encodings = self._tokenizer.encode_batch_fast(texts)
+        except Exception as exc:  # every waiter hears it
+            for waiter in batch:
+                _hand(waiter, exc)
+            return
+        finally:
+            self.busy_s += time.monotonic() - started
+            self.calls += 1
+            self.texts += len(texts)
         start = 0
-        for part, future in batch:
-            if future.done():
-                pass  # its caller stopped waiting
-            elif call.cancelled():  # the loop is shutting down
-                future.cancel()
-            elif (error := call.exception()) is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(call.result()[start : start + len(part)])
-            start += len(part)
-        if self._waiting:
-            self._call_next()
+        for waiter in batch:
+            _hand(waiter, encodings[start : start + len(waiter.texts)])
+            start += len(waiter.texts)
+
+    def close(self) -> None:
+        """Stop the tokenizer's thread once its call in progress, if any, returns."""
+        with self._queued:
+            self._closed = True
+            self._queued.notify()
 
     def encode_now(self, texts: Sequence[str], *, truncate: bool = True) -> Encoded:
         """Blocking encode, for load-time probes and tools."""
@@ -209,6 +219,31 @@ class TextTokenizer:
             )
         offsets = [0, *accumulate(lengths)][:-1]
         return Encoded(ids, offsets, lengths, len(truncated))
+
+
+@dataclass(slots=True)
+class _Waiter:
+    """A caller's texts queued for the tokenizer's thread, and where to hand the result."""
+
+    texts: list[str]
+    future: asyncio.Future[list[Encoding]]
+    loop: asyncio.AbstractEventLoop
+
+
+def _hand(waiter: _Waiter, result: list[Encoding] | BaseException) -> None:
+    """From the tokenizer's thread: settle a waiter's future on its own loop."""
+    with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+        waiter.loop.call_soon_threadsafe(_settle, waiter.future, result)
+
+
+def _settle(future: asyncio.Future[list[Encoding]], result: list[Encoding] | BaseException) -> None:
+    """On the waiter's loop: give it its encodings, unless it stopped waiting."""
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
 
 
 def _replace(encodings: list[Encoding], positions: list[int], others: list[Encoding]) -> None:
