@@ -144,7 +144,7 @@ class TextTokenizer:
         started = time.monotonic()
         try:  # the tokenizer releases the GIL while it encodes
             encodings = self._tokenizer.encode_batch_fast(texts)
-        except Exception as exc:  # every waiter hears it
+        except BaseException as exc:  # every waiter hears it (a Rust panic is no Exception)
             for waiter in batch:
                 _hand(waiter, exc)
             return
