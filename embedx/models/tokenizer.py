@@ -104,9 +104,8 @@ class TextTokenizer:
     def _start(self, texts: Sequence[str], cut: bool = True) -> asyncio.Future[list[Encoding]]:
         """Queue texts (cut first, unless told not to) for the tokenizer's thread: they go in
         its next call, together with whatever else arrives until it starts."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Encoding]] = loop.create_future()
-        waiter = _Waiter(self._cut(texts) if cut else list(texts), future, loop)
+        future: asyncio.Future[list[Encoding]] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(self._cut(texts) if cut else list(texts), future)
         with self._queued:
             if self._closed:
                 raise ShuttingDown("the model is closing: its tokenizer takes no more texts")
@@ -223,17 +222,16 @@ class TextTokenizer:
 
 @dataclass(slots=True)
 class _Waiter:
-    """A caller's texts queued for the tokenizer's thread, and where to hand the result."""
+    """A caller's texts queued for the tokenizer's thread, and the future for its result."""
 
     texts: list[str]
     future: asyncio.Future[list[Encoding]]
-    loop: asyncio.AbstractEventLoop
 
 
 def _hand(waiter: _Waiter, result: list[Encoding] | BaseException) -> None:
     """From the tokenizer's thread: settle a waiter's future on its own loop."""
     with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
-        waiter.loop.call_soon_threadsafe(_settle, waiter.future, result)
+        waiter.future.get_loop().call_soon_threadsafe(_settle, waiter.future, result)
 
 
 def _settle(future: asyncio.Future[list[Encoding]], result: list[Encoding] | BaseException) -> None:
