@@ -42,7 +42,7 @@ DIMENSIONS = 384
 def fake_devices(slow_rate: float) -> None:
     """Every replica's forward becomes zero vectors; the device keyed `slow` sleeps first."""
 
-    def run(self: Replica, host: Any, slot: int, unit: bool = False) -> torch.Tensor:
+    def run(self: Replica, host: Any, slot: int, form: Any = None) -> torch.Tensor:
         if self.accelerator.info.key == "slow":
             time.sleep(host.tokens / slow_rate)  # off the event loop: a CPU device's thread
         return torch.zeros((host.count, DIMENSIONS))

@@ -67,7 +67,7 @@ def launch_steps(replica: Any, host: Any, slot: int) -> dict[str, float]:
         marks.append(time.perf_counter())
         vectors = replica.model.forward(batch)
         marks.append(time.perf_counter())
-        out = replica.staging[slot].output(*vectors.shape)
+        out = replica.staging[slot].output(len(vectors), vectors.shape[1], vectors.dtype)
         marks.append(time.perf_counter())
         out.copy_(vectors, non_blocking=True)
         marks.append(time.perf_counter())

@@ -23,6 +23,19 @@ class End(enum.Enum):
     SHORT = "short"
 
 
+@dataclass(frozen=True, slots=True)
+class RowForm:
+    """What a request's rows are made into: L2-normalized (`unit`), then base64 of their
+    float32 bytes (`base64`). Where every request of a batch wants the same, its device does
+    it."""
+
+    unit: bool = False
+    base64: bool = False
+
+
+FLOATS = RowForm()
+
+
 class Job:
     """One caller's request: its reply future, its progress and its clocks.
 
@@ -34,6 +47,7 @@ class Job:
         "error",
         "fed",
         "finished_at",
+        "form",
         "future",
         "out",
         "pending_items",
@@ -42,7 +56,6 @@ class Job:
         "size",
         "submitted_at",
         "tokens",
-        "unit_rows",
     )
 
     def __init__(self, size: int, *, future: asyncio.Future[None] | None = None) -> None:
@@ -56,7 +69,7 @@ class Job:
         self.error: BaseException | None = None
         self.future = future
         self.out: Any = None  # the caller's rows, written by whoever runs the batches
-        self.unit_rows = False  # rows are L2-normalized as they are written
+        self.form = FLOATS  # what its rows are made into before they are written
         self.submitted_at = time.monotonic()
         self.finished_at: float | None = None
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from embedx import heap
-from embedx.batching import Item, Job
+from embedx.batching import FLOATS, Item, Job, RowForm
 from embedx.devices import Accelerator, DeviceHung, token_budget
 from embedx.errors import (
     Bug,
@@ -29,6 +29,7 @@ from embedx.errors import (
     ShuttingDown,
     SmokeTestFailed,
 )
+from embedx.models import base64_rows
 from embedx.models.catalog import ModelSpec, check_template
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype, weight_bytes
 from embedx.models.packing import HostBatch, Staging, bucketed_rows, pack, to_device
@@ -57,20 +58,32 @@ class EngineState(enum.Enum):
     CLOSED = "closed"
 
 
-def _write_rows(job: Job, indices: np.ndarray, rows: np.ndarray, unit: bool) -> None:
-    """Put a batch's rows in their places in the job's output, normalized here if the job
-    wants unit vectors and the device did not already make them so (`unit`)."""
-    if job.unit_rows and not unit:
-        norms = np.linalg.norm(rows, axis=1, keepdims=True)
-        job.out[indices] = rows / np.maximum(norms, 1e-12)
-    else:
+def _write_rows(job: Job, indices: np.ndarray, rows: np.ndarray, form: RowForm) -> None:
+    """Put a batch's rows in their places in the job's output, finished here as the job
+    wants them where the device did not (`form`: what the device made of them)."""
+    if form.base64:  # then every job of the batch wanted just these rows
         job.out[indices] = rows
+        return
+    if job.form.unit and not form.unit:
+        rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+    job.out[indices] = base64_rows.encode_on_host(rows) if job.form.base64 else rows
 
 
 def _sole_job(items: Sequence[Item]) -> Job | None:
     """The one request every text of a batch belongs to (the common case), or None."""
     first = items[0].job
     return first if all(item.job is first for item in items) else None
+
+
+def _batch_form(items: Sequence[Item], sole: Job | None) -> RowForm:
+    """What the device makes of a batch's rows: what its requests want, where they agree;
+    otherwise unit vectors if every request wants those, and floats."""
+    if sole is not None:
+        return sole.form
+    forms = {job.form for job in {item.job for item in items}}  # jobs hash by identity: fast
+    if len(forms) == 1:
+        return forms.pop()
+    return RowForm(unit=all(form.unit for form in forms))
 
 
 @dataclass(slots=True)
@@ -80,7 +93,7 @@ class _InFlight:
     claim: Claim
     launched: Any
     sole_job: Job | None  # the one request of all its texts, if there is just one
-    unit: bool  # every request wants unit vectors, so the device normalized the rows
+    form: RowForm  # what the device made of the rows
 
 
 def _by_job(items: Sequence[Item]) -> list[tuple[Job, np.ndarray, np.ndarray]]:
@@ -103,11 +116,13 @@ class EmbedOptions:
     normalize: bool | None = None  # None: the server's EMBEDX_NORMALIZE
     truncate: bool = True  # False: an over-long text is an error, not cut
     input_type: str | None = None  # picks a catalog prompt template: query or passage
+    base64: bool = False  # rows as base64 of their float32 bytes (models/base64_rows.py)
 
 
 @dataclass(frozen=True, slots=True)
 class EmbedResult:
-    vectors: np.ndarray  # (N, D) float32, in the caller's order
+    # (N, D) float32 in the caller's order; with `base64`, (N, width(D)) uint8 ASCII
+    vectors: np.ndarray
     tokens: int
     truncated: int
     tokenize_s: float  # tokenizing and submitting (devices start on the first chunk meanwhile)
@@ -139,6 +154,7 @@ class Replica:
         self.model = model
         cuda = accelerator.device.type == "cuda"
         self.staging = [Staging() for _ in range(accelerator.max_inflight)] if cuda else []
+        self.alphabet = base64_rows.alphabet_on(accelerator.device) if cuda else None
 
     def pack(self, token_ids: Sequence[np.ndarray], slot: int, budget: int) -> HostBatch:
         """On a GPU, in the slot's pinned memory and padded to a row count that was run at
@@ -147,19 +163,25 @@ class Replica:
             return pack(token_ids)
         return pack(token_ids, self.staging[slot], budget)
 
-    def run(self, host: HostBatch, slot: int, unit: bool = False) -> torch.Tensor:
-        """Enqueue one batch (on the accelerator's stream): its vectors, L2-normalized if
-        `unit`, land in host memory."""
+    def run(self, host: HostBatch, slot: int, form: RowForm = FLOATS) -> torch.Tensor:
+        """Enqueue one batch (on the accelerator's stream): its rows, made into `form` there,
+        land in host memory."""
+        import torch
         import torch.nn.functional as F
 
         batch = to_device(host, self.accelerator.device)
-        vectors = self.model.forward(batch)  # (B, D) float32 on the device
-        if unit:  # on the device: the host thread has every other batch to feed
-            vectors = F.normalize(vectors, dim=1, eps=1e-12)
+        rows = self.model.forward(batch)  # (B, D) float32 on the device
+        # on the device: the host thread has every other batch to feed
+        if form.unit:
+            rows = F.normalize(rows, dim=1, eps=1e-12)
+        if form.base64:
+            if self.alphabet is None:  # the CPU's own thread: binascii beats torch there
+                return torch.from_numpy(base64_rows.encode_on_host(rows.numpy()))
+            rows = base64_rows.encode_on_device(rows, self.alphabet)
         if not self.staging:
-            return vectors
-        out = self.staging[slot].output(*vectors.shape)
-        out.copy_(vectors, non_blocking=True)
+            return rows
+        out = self.staging[slot].output(len(rows), rows.shape[1], rows.dtype)
+        out.copy_(rows, non_blocking=True)
         return out
 
 
@@ -185,10 +207,10 @@ class DeviceWorker:
                     if claim is None:
                         break
                     sole = _sole_job(claim.items)
-                    unit = sole.unit_rows if sole else all(i.job.unit_rows for i in claim.items)
-                    launched = self._launch(claim, unit)
+                    form = _batch_form(claim.items, sole)
+                    launched = self._launch(claim, form)
                     if launched is not None:
-                        inflight.append(_InFlight(claim, launched, sole, unit))
+                        inflight.append(_InFlight(claim, launched, sole, form))
                 if not inflight:
                     await self.queue.wait_for_work(self.slot)
                     continue
@@ -212,7 +234,7 @@ class DeviceWorker:
             for batch in inflight:
                 self.queue.release(batch.claim)
 
-    def _launch(self, claim: Claim, unit: bool) -> Any:
+    def _launch(self, claim: Claim, form: RowForm) -> Any:
         # With at most max_inflight batches out, the slot used max_inflight launches ago
         # belongs to a batch that is done.
         slot = self._launches % self.replica.accelerator.max_inflight
@@ -220,7 +242,7 @@ class DeviceWorker:
         started = time.perf_counter()
         try:
             host = self.replica.pack([item.ids for item in claim.items], slot, self.slot.budget)
-            launched = self.replica.accelerator.launch(lambda: self.replica.run(host, slot, unit))
+            launched = self.replica.accelerator.launch(lambda: self.replica.run(host, slot, form))
             self.padding_rows += host.rows - host.tokens
         except Exception as exc:
             self.replica.accelerator.synchronize()  # its copies may still read the slot
@@ -245,16 +267,16 @@ class DeviceWorker:
         claim = batch.claim
         if not self.queue.holds(claim):
             return  # revoked: the device was quarantined, others ran these items
-        rows = output.numpy()  # (B, D) host memory: pinned staging, valid until the next launch
+        rows = output.numpy()  # host memory: pinned staging, valid until the next launch
         items = claim.items
         sole = batch.sole_job
         if sole is not None:
             if not sole.cancelled:
                 indices = np.fromiter((item.index for item in items), np.intp, len(items))
-                _write_rows(sole, indices, rows, batch.unit)
+                _write_rows(sole, indices, rows, batch.form)
         else:
             for job, indices, picked in _by_job(items):
-                _write_rows(job, indices, rows[picked], batch.unit)
+                _write_rows(job, indices, rows[picked], batch.form)
         self.batch_tokens.observe(claim.tokens)
         self.queue.complete(claim, seconds)
 
@@ -354,7 +376,7 @@ class Engine:
         replica = Replica(accelerator, model)
         budget, probe, launch_s = await self._probe(replica)
         for staging in replica.staging:  # pinned memory for the largest batch, no more
-            staging.reserve(budget, self._most_texts(budget), model.dimensions)
+            staging.reserve(budget, self._most_texts(budget), base64_rows.width(model.dimensions))
         self.replicas.append(replica)
         self.dimensions = model.dimensions
         self.dtypes[info.label] = dtype
@@ -429,7 +451,8 @@ class Engine:
                 while texts <= max(64, self._most_texts(budget)):
                     await self._timed(replica, self._probe_batch(2 * texts, 2))
                     texts *= 2
-        await self._timed(replica, small)  # warm-up: kernels, allocator
+        # warm-up: kernels (normalizing and encoding rows too), allocator
+        await self._timed(replica, small, RowForm(unit=True, base64=True))
         points = []
         launches = []
         for batch in (small, large, small, large):
@@ -438,11 +461,13 @@ class Engine:
             launches.append(launch_s)
         return budget, points, min(launches)
 
-    async def _timed(self, replica: Replica, host: HostBatch) -> tuple[float, float]:
+    async def _timed(
+        self, replica: Replica, host: HostBatch, form: RowForm = FLOATS
+    ) -> tuple[float, float]:
         """The device seconds a batch took, and the host seconds its launch took."""
         accelerator = replica.accelerator
         started = time.perf_counter()
-        launched = accelerator.launch(lambda: replica.run(host, 0))
+        launched = accelerator.launch(lambda: replica.run(host, 0, form))
         launch_s = time.perf_counter() - started
         _, seconds = await accelerator.result(launched, self.options.batch_timeout_s)
         return seconds, launch_s
@@ -500,10 +525,17 @@ class Engine:
             texts = [before + text + after for text in texts]
         started = time.monotonic()
         job = Job(len(texts), future=asyncio.get_running_loop().create_future())
-        job.out = np.empty((len(texts), self.dimensions), dtype=np.float32)
         normalize = self.options.normalize if options.normalize is None else options.normalize
         full_width = options.dimensions in (None, self.dimensions)
-        job.unit_rows = full_width and (normalize or self.files.normalizes)
+        # narrower rows are cut from the raw ones at the end, then normalized and encoded
+        job.form = RowForm(
+            unit=full_width and (normalize or self.files.normalizes),
+            base64=full_width and options.base64,
+        )
+        if job.form.base64:
+            job.out = np.empty((len(texts), base64_rows.width(self.dimensions)), np.uint8)
+        else:
+            job.out = np.empty((len(texts), self.dimensions), np.float32)
         self._jobs_in_flight += 1
         self._idle.clear()
         try:
@@ -528,6 +560,8 @@ class Engine:
                 normalize=normalize,
                 model_normalizes=self.files.normalizes,
             )
+            if options.base64:
+                vectors = base64_rows.encode_on_host(vectors)
         now = time.monotonic()
         self.latency.observe(now - started)
         return EmbedResult(vectors, job.tokens, truncated, submitted - started, now - started)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 import json
 from collections.abc import Callable
@@ -264,13 +265,33 @@ def test_engine_module_has_no_http(tmp_path: Path) -> None:
     assert "granian" not in source
 
 
-async def test_requests_sharing_a_batch_each_get_the_normalization_they_asked_for(
+def decoded(rows: np.ndarray) -> np.ndarray:
+    """(N, L) uint8 base64 rows back to (N, D) float32."""
+    return np.stack([np.frombuffer(base64.b64decode(row.tobytes()), "<f4") for row in rows])
+
+
+async def test_base64_rows_are_the_float_rows_encoded(
+    make_engine: Callable[..., Any], reference_texts: list[str]
+) -> None:
+    texts = reference_texts[:30]
+    async with make_engine(("cpu",)) as engine:
+        floats = (await engine.embed(texts)).vectors
+        encoded = (await engine.embed(texts, EmbedOptions(base64=True))).vectors
+        narrow = await engine.embed(texts, EmbedOptions(base64=True, dimensions=64))
+        narrow_floats = (await engine.embed(texts, EmbedOptions(dimensions=64))).vectors
+    assert encoded.dtype == np.uint8
+    assert encoded.shape == (30, 2048)  # 384 float32: 1,536 bytes
+    assert np.array_equal(decoded(encoded), floats)
+    assert np.array_equal(decoded(narrow.vectors), narrow_floats)
+
+
+async def test_requests_sharing_a_batch_each_get_the_rows_they_asked_for(
     make_engine: Callable[..., Any], tiny_models: dict[str, Path], reference_texts: list[str]
 ) -> None:
     texts = reference_texts[:40]
     async with make_engine(("cpu",), model_dir=tiny_models["bert-base"], max_seq_len=64) as engine:
         alone = (await engine.embed(texts, EmbedOptions(normalize=False))).vectors
-        # the two requests queue while a first, slow batch runs, so they share the next ones
+        # the requests queue while a first, slow batch runs, so they share the next ones
         wrap(engine, "cpu", rate=1e9, fixed_s=0.3)
         busy = asyncio.create_task(engine.embed(["keeps the device busy"]))
         for _ in range(100):
@@ -278,15 +299,16 @@ async def test_requests_sharing_a_batch_each_get_the_normalization_they_asked_fo
                 break
             await asyncio.sleep(0.01)
         assert engine.queue.devices[0].inflight
-        unit, raw = await asyncio.gather(
-            engine.embed(texts, EmbedOptions(normalize=True)),
-            engine.embed(texts, EmbedOptions(normalize=False)),
+        forms = [(unit, b64) for unit in (True, False) for b64 in (True, False)]
+        results = await asyncio.gather(
+            *(engine.embed(texts, EmbedOptions(normalize=u, base64=b)) for u, b in forms)
         )
         await busy
     assert not np.allclose(np.linalg.norm(alone, axis=1), 1.0)  # this model has no Normalize
-    assert np.allclose(raw.vectors, alone, atol=1e-5)
-    expected = alone / np.linalg.norm(alone, axis=1, keepdims=True)
-    assert np.allclose(unit.vectors, expected, atol=1e-5)
+    unit = alone / np.linalg.norm(alone, axis=1, keepdims=True)
+    for (normalized, b64), result in zip(forms, results, strict=True):
+        vectors = decoded(result.vectors) if b64 else result.vectors
+        assert np.allclose(vectors, unit if normalized else alone, atol=1e-5)
 
 
 async def test_a_loaded_model_leaves_the_collectors_scans_until_it_closes(

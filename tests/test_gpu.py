@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import gc
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +14,15 @@ import numpy as np
 import pytest
 import torch
 
+from embedx.batching import FLOATS, RowForm
 from embedx.config import load_settings
 from embedx.devices import discover, open_accelerator
-from embedx.engine import Engine, EngineOptions
+from embedx.engine import EmbedOptions, Engine, EngineOptions
+from embedx.models import base64_rows
 from embedx.models.catalog import ModelSpec
 from embedx.models.pooling import Pooling
 from embedx.models.source import resolve
-from tests.test_engine import oom, wrap
+from tests.test_engine import decoded, oom, wrap
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -67,6 +71,23 @@ async def test_cuda_bf16_and_fp32_match_the_cpu_reference(
     async with cuda_engine(minilm_dir, dtype="float32") as engine:
         full = (await engine.embed(reference_texts)).vectors
     assert np.abs(full - st_reference).max() < 1e-4
+
+
+async def test_base64_rows_made_on_the_gpu_are_its_float_rows_encoded(
+    minilm_dir: Path, reference_texts: list[str]
+) -> None:
+    async with cuda_engine(minilm_dir) as engine:
+        floats = (await engine.embed(reference_texts)).vectors
+        encoded = (await engine.embed(reference_texts, EmbedOptions(base64=True))).vectors
+    assert np.array_equal(decoded(encoded), floats)
+
+
+@pytest.mark.parametrize("dimensions", [384, 1024, 1001])  # 0, 2 and 1 '=' a row
+def test_base64_on_the_gpu_is_standard_base64(dimensions: int) -> None:
+    rows = torch.randn(300, dimensions, device="cuda")
+    encoded = base64_rows.encode_on_device(rows, base64_rows.alphabet_on(rows.device)).cpu()
+    expected = [base64.b64encode(row.numpy().tobytes()) for row in rows.cpu()]
+    assert [row.numpy().tobytes() for row in encoded] == expected
 
 
 @pytest.mark.parametrize(
@@ -218,12 +239,13 @@ async def test_launching_a_batch_never_waits_on_the_device(
         replica = engine.replicas[0]
         ids = [np.array([101, 2000 + i, 2001, 102], np.int32) for i in range(50)]
         host = replica.pack(ids, 1, engine.workers[0].slot.budget)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            launched = replica.accelerator.launch(lambda: replica.run(host, 1))
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        await replica.accelerator.result(launched, 10.0)
+        for form in (FLOATS, RowForm(unit=True, base64=True)):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                launched = replica.accelerator.launch(partial(replica.run, host, 1, form))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            await replica.accelerator.result(launched, 10.0)
 
 
 async def test_evicting_a_model_gives_its_gpu_memory_back(minilm_dir: Path) -> None:

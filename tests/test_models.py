@@ -477,3 +477,19 @@ def test_a_dense_module_with_pickle_weights_is_refused(minilm_dir: Path, tmp_pat
     (directory / "2_Dense" / "pytorch_model.bin").write_bytes(b"never unpickled")
     with pytest.raises(PickleOnlyWeights):
         resolve(str(directory))
+
+
+@pytest.mark.parametrize("dimensions", [384, 1024, 1001, 7, 1])  # 0, 2 and 1 '=' a row
+def test_base64_rows_on_host_and_device_are_standard_base64(dimensions: int) -> None:
+    import base64
+
+    from embedx.models import base64_rows
+
+    rows = np.random.default_rng(0).standard_normal((6, dimensions)).astype(np.float32)
+    expected = [base64.b64encode(row.astype("<f4").tobytes()) for row in rows]
+    alphabet = base64_rows.alphabet_on(torch.device("cpu"))
+    on_device = base64_rows.encode_on_device(torch.from_numpy(rows), alphabet).numpy()
+    on_host = base64_rows.encode_on_host(np.asfortranarray(rows))
+    for encoded in (on_host, on_device):
+        assert encoded.shape == (6, base64_rows.width(dimensions))
+        assert [row.tobytes() for row in encoded] == expected

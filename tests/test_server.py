@@ -153,14 +153,18 @@ def test_base64_is_little_endian_float32(server: Server) -> None:
     assert np.frombuffer(base64.b64decode(data), dtype="<f4").shape == (384,)
 
 
-@pytest.mark.parametrize("width", [384, 64, 7])  # rows of whole base64 quanta, and not
-def test_base64_rows_encode_each_row_on_its_own(width: int) -> None:
-    from embedx.server.embeddings import base64_rows
+@pytest.mark.parametrize("count", [1, 10, 11, 100, 1234])  # indices of 1 to 4 digits
+def test_base64_items_frame_every_row_as_json(count: int) -> None:
+    from embedx.models.base64_rows import encode_on_host
+    from embedx.server.embeddings import base64_items
 
-    rows = np.random.default_rng(0).standard_normal((5, width)).astype(np.float32)
-    expected = [base64.b64encode(row.astype("<f4").tobytes()) for row in rows]
-    assert base64_rows(rows) == expected
-    assert base64_rows(np.asfortranarray(rows)) == expected
+    rows = np.random.default_rng(0).standard_normal((count, 8)).astype(np.float32)
+    body = b"".join((b"[", *base64_items(encode_on_host(rows)), b"]"))
+    items = json.loads(body)
+    assert [item["index"] for item in items] == list(range(count))
+    assert {item["object"] for item in items} == {"embedding"}
+    got = [np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in items]
+    assert np.array_equal(np.stack(got), rows)
 
 
 def test_curl_gets_real_vectors(server: Server, embedder: Any, reference_texts: list[str]) -> None:

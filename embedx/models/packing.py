@@ -98,7 +98,7 @@ def pack(
 
 
 class Staging:
-    """Pinned host memory for one batch in flight: its ids going in, its vectors coming out.
+    """Pinned host memory for one batch in flight: its ids going in, its rows coming out.
 
     Allocated once and grown rarely, so launching a batch never waits on the allocator (a
     fresh pinned allocation can synchronize the device). Reuse it only once its batch is done.
@@ -106,12 +106,14 @@ class Staging:
 
     def __init__(self) -> None:
         self._input: torch.Tensor | None = None
-        self._output: torch.Tensor | None = None
+        self._output: torch.Tensor | None = None  # bytes, viewed as each batch's rows
 
-    def reserve(self, tokens: int, rows: int, width: int) -> None:
+    def reserve(self, tokens: int, rows: int, row_bytes: int) -> None:
         """Allocate for batches up to `tokens` tokens and `rows` texts ahead of time."""
+        import torch
+
         self.input(4 * tokens + 1)
-        self.output(rows, width)
+        self.output(rows, row_bytes, torch.uint8)
 
     def input(self, size: int) -> torch.Tensor:
         import torch
@@ -120,12 +122,13 @@ class Staging:
             self._input = torch.empty(_grown(size), dtype=torch.int32, pin_memory=True)
         return self._input[:size]
 
-    def output(self, rows: int, width: int) -> torch.Tensor:
+    def output(self, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
         import torch
 
-        if self._output is None or self._output.numel() < rows * width:
-            self._output = torch.empty(_grown(rows * width), dtype=torch.float32, pin_memory=True)
-        return self._output[: rows * width].view(rows, width)
+        size = rows * width * dtype.itemsize
+        if self._output is None or self._output.numel() < size:
+            self._output = torch.empty(_grown(size), dtype=torch.uint8, pin_memory=True)
+        return self._output[:size].view(dtype).view(rows, width)
 
 
 def _grown(size: int) -> int:

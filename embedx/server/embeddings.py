@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import binascii
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ async def _run(state: ServerState, request: EmbedRequest) -> EmbedResult:
         normalize=request.normalize,
         truncate=request.truncate,
         input_type=request.input_type,
+        base64=request.base64,
     )
     async with state.admission.slot(), state.registry.lease(request.model, request.load) as engine:
         return await engine.embed(request.texts, options)
@@ -38,27 +38,43 @@ async def create_embeddings(state: ServerState, http: Request) -> Response:
                 for i, row in enumerate(result.vectors)]  # fmt: skip
         payload = {"object": "list", "data": data, "model": request.model, "usage": usage}
         return json_response(payload, headers=_timing(result))
-    # The SDK's default, and the bulk of a busy server's responses: written as bytes around
-    # the base64 rows (which need no JSON escaping) rather than as one string object each.
-    items = b",".join(
-        b'{"object":"embedding","index":%d,"embedding":"%s"}' % (i, row)
-        for i, row in enumerate(base64_rows(result.vectors))
-    )
+    # The SDK's default, and the bulk of a busy server's responses: the engine hands back
+    # each row as base64 already (made on the device), and the items are written around them
+    # with a few array copies, not a Python object per row.
     rest = orjson.dumps({"model": request.model, "usage": usage})  # {"model":...,"usage":...}
-    body = b'{"object":"list","data":[' + items + b"]," + rest[1:]
+    body = b"".join((b'{"object":"list","data":[', *base64_items(result.vectors), b"],", rest[1:]))
     return json_bytes_response(body, headers=_timing(result))
 
 
-def base64_rows(vectors: np.ndarray) -> list[bytes]:
-    """Each row as base64 of its little-endian float32 bytes, as the OpenAI SDK decodes it."""
-    rows = np.ascontiguousarray(vectors, dtype="<f4")
-    width = rows.shape[1] * 4
-    if width % 3:  # rows end mid-quantum: each needs its own encoding
-        return [binascii.b2a_base64(row.data, newline=False) for row in rows]
-    # Rows are whole base64 quanta (384, 768, 1024 dimensions...): encode all at once, then cut.
-    encoded = binascii.b2a_base64(rows.data, newline=False)
-    step = width // 3 * 4
-    return [encoded[i : i + step] for i in range(0, len(encoded), step)]
+ITEM_HEAD = np.frombuffer(b'{"object":"embedding","index":', np.uint8)
+ITEM_MID = np.frombuffer(b',"embedding":"', np.uint8)
+ITEM_END = np.frombuffer(b'"},', np.uint8)
+
+
+def base64_items(rows: np.ndarray) -> list[memoryview]:
+    """The `data` list's items, comma-separated, around (N, L) uint8 rows of base64: a
+    fixed-width array for the rows whose indices have as many digits (0-9, 10-99, ...)."""
+    blocks = []
+    start, digits = 0, 1
+    while start < len(rows):
+        stop = min(len(rows), 10**digits)
+        block = np.empty((stop - start, _ITEM_FRAME + digits + rows.shape[1]), np.uint8)
+        at = len(ITEM_HEAD)
+        block[:, :at] = ITEM_HEAD
+        index = np.arange(start, stop)
+        for power in range(digits - 1, -1, -1):  # the most significant digit first
+            block[:, at] = ord("0") + index // 10**power % 10
+            at += 1
+        block[:, at : at + len(ITEM_MID)] = ITEM_MID
+        block[:, at + len(ITEM_MID) : -len(ITEM_END)] = rows[start:stop]
+        block[:, -len(ITEM_END) :] = ITEM_END
+        blocks.append(block.reshape(-1).data)
+        start, digits = stop, digits + 1
+    blocks[-1] = blocks[-1][:-1]  # no comma after the last item
+    return blocks
+
+
+_ITEM_FRAME = len(ITEM_HEAD) + len(ITEM_MID) + len(ITEM_END)
 
 
 async def embed_tei(state: ServerState, http: Request) -> Response:
