@@ -79,7 +79,8 @@ async def test_base64_rows_made_on_the_gpu_are_its_float_rows_encoded(
     async with cuda_engine(minilm_dir) as engine:
         floats = (await engine.embed(reference_texts)).vectors
         encoded = (await engine.embed(reference_texts, EmbedOptions(base64=True))).vectors
-    assert np.array_equal(decoded(encoded), floats)
+    # two runs of a batch on a GPU need not agree to the bit; a wrong encoding is far off
+    assert np.abs(decoded(encoded) - floats).max() < 1e-3
 
 
 @pytest.mark.parametrize("dimensions", [384, 1024, 1001])  # 0, 2 and 1 '=' a row
