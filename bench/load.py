@@ -384,7 +384,13 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32, help="requests in flight")
     parser.add_argument("--client-processes", type=int, default=4)
     parser.add_argument("--batch", type=int, default=256, help="texts per request")
-    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=400,
+        help="requests a pass: as the last ones finish, fewer are in flight, so a short pass "
+        "counts that tail for more of its time",
+    )
     parser.add_argument("--passes", type=int, default=3, help="timed passes each; medians count")
     parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
     parser.add_argument("--max-batch-tokens", type=int, default=262144)
@@ -419,8 +425,9 @@ def main() -> None:
     args = parser.parse_args()
     pin_cores(args.server_cores)  # the library runs here; the server inherits it
     server_cores = os.sched_getaffinity(0)
-    corpus = load_corpus(args.corpus, repeat=4)
-    texts = corpus[: args.requests * args.batch]
+    corpus = load_corpus(args.corpus, repeat=1)
+    wanted = args.requests * args.batch  # the corpus over again as often as that takes
+    texts = (corpus * -(-wanted // len(corpus)))[:wanted]
     batches = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
     with tempfile.TemporaryDirectory() as workdir:
         model, pooling = args.model, None
