@@ -49,6 +49,7 @@ async def create_embeddings(state: ServerState, http: Request) -> Response:
 ITEM_HEAD = np.frombuffer(b'{"object":"embedding","index":', np.uint8)
 ITEM_MID = np.frombuffer(b',"embedding":"', np.uint8)
 ITEM_END = np.frombuffer(b'"},', np.uint8)
+_ITEM_FRAME = len(ITEM_HEAD) + len(ITEM_MID) + len(ITEM_END)
 
 
 def base64_items(rows: np.ndarray) -> list[memoryview]:
@@ -72,9 +73,6 @@ def base64_items(rows: np.ndarray) -> list[memoryview]:
         start, digits = stop, digits + 1
     blocks[-1] = blocks[-1][:-1]  # no comma after the last item
     return blocks
-
-
-_ITEM_FRAME = len(ITEM_HEAD) + len(ITEM_MID) + len(ITEM_END)
 
 
 async def embed_tei(state: ServerState, http: Request) -> Response:
