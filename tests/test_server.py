@@ -153,6 +153,17 @@ def test_base64_is_little_endian_float32(server: Server) -> None:
     assert np.frombuffer(base64.b64decode(data), dtype="<f4").shape == (384,)
 
 
+def test_a_long_response_keeps_its_content_length(
+    server: Server, reference_texts: list[str]
+) -> None:
+    body = {"model": MINILM_NAME, "input": reference_texts[:100], "encoding_format": "base64"}
+    response = post(server, "/v1/embeddings", json=body)
+    assert len(response.content) > 61440  # longer than BlackSheep sends in one piece
+    assert int(response.headers["content-length"]) == len(response.content)
+    assert "transfer-encoding" not in response.headers
+    assert len(response.json()["data"]) == 100
+
+
 @pytest.mark.parametrize("count", [1, 10, 11, 100, 1234])  # indices of 1 to 4 digits
 def test_base64_items_frame_every_row_as_json(count: int) -> None:
     from embedx.models.base64_rows import encode_on_host

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from blacksheep import Content, Response
+from blacksheep import Content, Response, StreamedContent
 
 from embedx.errors import EmbedxError
 
 JSON = b"application/json"
+# BlackSheep sends a Content longer than this in slices of this size (`blacksheep/scribe.pyx`)
+BLACKSHEEP_SLICE_BYTES = 61440
 
 
 def json_response(
@@ -23,9 +26,18 @@ def json_response(
 def json_bytes_response(
     body: bytes, status: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
-    """A response whose JSON body is already serialized."""
+    """A response whose JSON body is already serialized, handed to the HTTP server whole."""
     raw = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-    return Response(status, raw, Content(JSON, body))
+    if len(body) <= BLACKSHEEP_SLICE_BYTES:
+        return Response(status, raw, Content(JSON, body))
+
+    # Each slice is a copy and a send the event loop awaits (a 256-text MiniLM response in
+    # base64 takes ten); as the one part of a stream of known length the body takes one, and
+    # still carries its content-length.
+    async def whole() -> AsyncIterator[bytes]:
+        yield body
+
+    return Response(status, raw, StreamedContent(JSON, whole, len(body)))
 
 
 def error_response(error: EmbedxError) -> Response:
