@@ -154,7 +154,6 @@ class Replica:
         self.model = model
         cuda = accelerator.device.type == "cuda"
         self.staging = [Staging() for _ in range(accelerator.max_inflight)] if cuda else []
-        self.alphabet = base64_rows.alphabet_on(accelerator.device) if cuda else None
 
     def pack(self, token_ids: Sequence[np.ndarray], slot: int, budget: int) -> HostBatch:
         """On a GPU, in the slot's pinned memory and padded to a row count that was run at
@@ -175,9 +174,9 @@ class Replica:
         if form.unit:
             rows = F.normalize(rows, dim=1, eps=1e-12)
         if form.base64:
-            if self.alphabet is None:  # the CPU's own thread: binascii beats torch there
+            if self.accelerator.device.type == "cpu":  # its own thread: binascii beats torch
                 return torch.from_numpy(base64_rows.encode_on_host(rows.numpy()))
-            rows = base64_rows.encode_on_device(rows, self.alphabet)
+            rows = base64_rows.encode_on_device(rows)
         if not self.staging:
             return rows
         out = self.staging[slot].output(len(rows), rows.shape[1], rows.dtype)

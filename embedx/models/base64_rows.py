@@ -12,7 +12,6 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 PAD = ord("=")
 
 
@@ -39,18 +38,11 @@ def encode_on_host(rows: np.ndarray) -> np.ndarray:
     return encoded
 
 
-def alphabet_on(device: torch.device) -> torch.Tensor:
-    """The 64 base64 characters as a uint8 tensor on `device`: made once, at load, since a
-    copy from pageable host memory would wait for the batches already on the stream."""
-    import torch
-
-    return torch.tensor(list(ALPHABET), dtype=torch.uint8, device=device)
-
-
-def encode_on_device(vectors: torch.Tensor, alphabet: torch.Tensor) -> torch.Tensor:
+def encode_on_device(vectors: torch.Tensor) -> torch.Tensor:
     """(B, D) float32 on a device to (B, width(D)) uint8 base64 there: a few element-wise
-    kernels on the batch's stream, and a third more bytes to copy back. (A byte view of a
-    tensor is in the machine's order: little-endian wherever torch runs CUDA.)"""
+    kernels on the batch's stream, every temporary a byte an output character, and a third
+    more bytes to copy back. (A byte view of a tensor is in the machine's order:
+    little-endian wherever torch runs CUDA.)"""
     import torch
     import torch.nn.functional as F
 
@@ -62,7 +54,13 @@ def encode_on_device(vectors: torch.Tensor, alphabet: torch.Tensor) -> torch.Ten
     sextets = torch.stack(
         (b0 >> 2, (b0 & 3) << 4 | b1 >> 4, (b1 & 15) << 2 | b2 >> 6, b2 & 63), dim=-1
     )
-    encoded = alphabet[sextets.long()].view(len(raw), -1)
+    # The alphabet by arithmetic, not a table kept on each device: 'A' + sextet, shifted
+    # where each later run starts: at 26 to 'a' (+6), at 52 to '0' (-75), at 62 to '+'
+    # (-15), at 63 to '/' (+3). Bytes wrap, which these sums allow.
+    encoded = sextets + ord("A")
+    for start, shift in ((26, 6), (52, -75), (62, -15), (63, 3)):
+        encoded += (sextets >= start).to(torch.uint8) * (shift % 256)
+    encoded = encoded.view(len(raw), -1)
     if pad:
         encoded[:, -pad:] = PAD
     return encoded
