@@ -37,6 +37,7 @@ from common import DEFAULT_CORPUS, environment, load_corpus, write_json
 from throughput import model_directory
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+SPY_RATE = 200  # py-spy samples a second
 
 
 def free_port() -> int:
@@ -45,14 +46,20 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def record_stacks(pid: int, path: str, native: bool) -> subprocess.Popen[bytes]:
-    """py-spy sampling a process's threads until sent SIGINT: without pausing it, unless
-    `native` frames are asked for (py-spy can only read those from a paused process)."""
-    command = ["py-spy", "record", "--pid", str(pid), "--threads", "--rate", "200",
+def record_stacks(pid: int, path: str, flags: list[str]) -> subprocess.Popen[bytes]:
+    """py-spy sampling a process's threads until sent SIGINT, with `flags` (see
+    `py_spy_flags`)."""
+    command = ["py-spy", "record", "--pid", str(pid), "--threads", "--rate", str(SPY_RATE),
                "--format", "raw", "--output", path]  # fmt: skip
-    recorder = subprocess.Popen(command + (["--native"] if native else ["--nonblocking"]))
+    recorder = subprocess.Popen(command + flags)
     time.sleep(1)
     return recorder
+
+
+def py_spy_flags(native: bool, gil: bool) -> list[str]:
+    """Without pausing the process, unless native frames are asked for (py-spy reads those
+    only from a paused process); with `gil`, only the thread holding the interpreter lock."""
+    return (["--native"] if native else ["--nonblocking"]) + (["--gil"] if gil else [])
 
 
 def stop_recording(recorder: subprocess.Popen[bytes] | None) -> None:
@@ -68,7 +75,7 @@ async def library_rate(
     tokens: int,
     passes: int,
     py_spy: str | None = None,
-    native: bool = False,
+    spy_flags: list[str] | None = None,
 ) -> dict[str, Any]:
     """The median of `passes` timed `embed` calls over every text, after a warm-up one."""
     from embedx.config import load_settings
@@ -86,7 +93,7 @@ async def library_rate(
     engine = await Engine.load(spec, resolve(spec.source), accelerators, registry.engine_options())
     try:
         await engine.embed(texts)  # warm-up, as the server gets
-        recorder = record_stacks(os.getpid(), py_spy, native) if py_spy else None
+        recorder = record_stacks(os.getpid(), py_spy, spy_flags or []) if py_spy else None
         runs = []
         main_cpu_s = time.thread_time()
         for _ in range(passes):
@@ -249,7 +256,7 @@ def drive(
     server_cores: set[int],
     client_cores: set[int] | None,
     py_spy: str | None,
-    native: bool,
+    spy_flags: list[str],
 ) -> dict[str, Any]:
     """`clients` concurrent requests spread over `processes` client processes: decoding the
     responses (the SDK turns each row into Python floats) takes one process's full time long
@@ -272,7 +279,7 @@ def drive(
     ) as pool:
         list(pool.map(run_client_process, jobs))  # warm-up: processes up, server warm
         # the server's stacks over the timed passes only
-        recorder = record_stacks(server_pid, py_spy, native) if py_spy else None
+        recorder = record_stacks(server_pid, py_spy, spy_flags) if py_spy else None
         for _ in range(passes):
             before = _counters(base_url)
             cpu_before = thread_cpu_s(server_pid), busy_cores(server_cores)
@@ -421,6 +428,12 @@ def main() -> None:
     parser.add_argument(
         "--native", action="store_true", help="with --py-spy: C and Rust frames too"
     )
+    parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="with --py-spy: only the thread holding the interpreter lock, sampled (who holds "
+        "it and how often: bench/gil_holders.py)",
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     pin_cores(args.server_cores)  # the library runs here; the server inherits it
@@ -445,7 +458,7 @@ def main() -> None:
                 args.max_batch_tokens,
                 args.passes,
                 args.py_spy and f"{args.py_spy}-library.txt",
-                args.native,
+                py_spy_flags(args.native, args.gil),
             )
         )
         port = free_port()
@@ -466,7 +479,7 @@ def main() -> None:
                 server_cores,
                 args.client_cores,
                 args.py_spy and f"{args.py_spy}-server.txt",
-                args.native,
+                py_spy_flags(args.native, args.gil),
             )
         finally:
             server.terminate()
