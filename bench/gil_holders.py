@@ -27,7 +27,7 @@ def main() -> None:
     threads: collections.Counter[str] = collections.Counter()
     frames: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     with open(args.stacks) as lines:
-        for line in lines:
+        for line in filter(str.strip, lines):
             stack, count = line.rstrip().rsplit(" ", 1)
             thread, *calls = stack.split(";")
             name = re.sub(r"^thread \(\d+\):? ?", "", thread.strip()) or "unnamed"
