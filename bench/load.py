@@ -74,8 +74,8 @@ async def library_rate(
     texts: list[str],
     tokens: int,
     passes: int,
-    py_spy: str | None = None,
-    spy_flags: list[str] | None = None,
+    py_spy: str | None,
+    spy_flags: list[str],
 ) -> dict[str, Any]:
     """The median of `passes` timed `embed` calls over every text, after a warm-up one."""
     from embedx.config import load_settings
@@ -93,7 +93,7 @@ async def library_rate(
     engine = await Engine.load(spec, resolve(spec.source), accelerators, registry.engine_options())
     try:
         await engine.embed(texts)  # warm-up, as the server gets
-        recorder = record_stacks(os.getpid(), py_spy, spy_flags or []) if py_spy else None
+        recorder = record_stacks(os.getpid(), py_spy, spy_flags) if py_spy else None
         runs = []
         main_cpu_s = time.thread_time()
         for _ in range(passes):
