@@ -5,8 +5,8 @@
 Each variant tokenizes the default corpus with the all-MiniLM-L6-v2 tokenizer (256 cut) and
 takes the ids out of the encodings into numpy (`collect`, Python work under the GIL):
 - sequential: one call, then its collect, then the next call;
-- pipelined: embedx's own `TextTokenizer.encode_chunks`, where the next call runs in the
-  tokenizer's threads while Python collects the last one;
+- pipelined: embedx's own `TextTokenizer.encode_chunks`, where the tokenizer's thread
+  makes each call and collects it while the event loop handles the chunk before;
 - concurrent_4: four calls in flight at once.
 Then long documents (`--long-corpus`, cut to the same 256 tokens): the tokenizer called on
 each whole text, against `TextTokenizer`, which cuts each far longer than that at a space
@@ -53,7 +53,7 @@ def main() -> None:
     encodings = rust.encode_batch_fast(texts)
     one_call = time.perf_counter() - started
     started = time.perf_counter()
-    tokens = tokenizer._collect(encodings, truncate=True).ids.size
+    tokens = tokenizer._gather(encodings, truncate=True, offset=0).ids.size
     collect = time.perf_counter() - started
     result: dict[str, Any] = {
         "benchmark": "tokenization",
@@ -68,7 +68,7 @@ def main() -> None:
     async def sequential(chunk: int) -> None:
         for start in range(0, len(texts), chunk):
             part = texts[start : start + chunk]
-            tokenizer._collect(await rust.async_encode_batch_fast(part), truncate=True)
+            tokenizer._gather(await rust.async_encode_batch_fast(part), truncate=True, offset=0)
 
     async def pipelined() -> None:
         async for _ in tokenizer.encode_chunks(texts):
@@ -79,9 +79,9 @@ def main() -> None:
         for start in range(0, len(texts), chunk):
             pending.append(rust.async_encode_batch_fast(texts[start : start + chunk]))
             if len(pending) == ahead:
-                tokenizer._collect(await pending.pop(0), truncate=True)
+                tokenizer._gather(await pending.pop(0), truncate=True, offset=0)
         for future in pending:
-            tokenizer._collect(await future, truncate=True)
+            tokenizer._gather(await future, truncate=True, offset=0)
 
     variants = {
         "sequential_chunk_1024": lambda: sequential(FIRST_CHUNK),

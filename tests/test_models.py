@@ -248,6 +248,43 @@ async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_id
 
 
 @pytest.mark.anyio
+async def test_a_text_too_long_fails_its_own_request_and_not_the_others_in_its_call(
+    minilm_dir: Path, reference_texts: list[str]
+) -> None:
+    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
+    encode = tokenizer._tokenizer.encode_batch_fast
+    entered, release = threading.Event(), threading.Event()
+
+    def held(texts: list[str]) -> Any:  # the first call waits until both requests queue
+        if not entered.is_set():
+            entered.set()
+            release.wait(10)
+        return encode(texts)
+
+    tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=held)  # type: ignore[assignment]
+    strict = [*reference_texts[:40], "word " * 400]
+
+    async def ids(truncate: bool) -> list[list[int]]:
+        return [
+            view.tolist()
+            async for _, encoded in tokenizer.encode_chunks(strict, truncate=truncate)
+            for view in encoded.views()
+        ]
+
+    holding = tokenizer._start(["holds the thread"], truncate=True, offset=0)
+    assert await asyncio.to_thread(entered.wait, 10)
+    requests = [asyncio.ensure_future(ids(truncate)) for truncate in (False, True)]
+    await asyncio.sleep(0.1)  # both queue their texts
+    release.set()
+    refused, served = await asyncio.gather(*requests, return_exceptions=True)
+    assert isinstance(refused, InputTooLong)
+    assert "input 40 " in str(refused)
+    assert served == [e.ids for e in encode_all(minilm_dir, strict)]
+    assert (await holding).lengths
+    assert tokenizer.calls == 2  # the held one, then one the two requests shared
+
+
+@pytest.mark.anyio
 async def test_a_failed_call_reaches_every_waiter_and_closing_fails_those_still_queued(
     minilm_dir: Path,
 ) -> None:
@@ -262,7 +299,7 @@ async def test_a_failed_call_reaches_every_waiter_and_closing_fails_those_still_
         raise Panic("the tokenizer panicked")
 
     tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=panics)  # type: ignore[assignment]
-    refused = [tokenizer._start(["one"]), tokenizer._start(["two"])]
+    refused = [tokenizer._start([text], truncate=True, offset=0) for text in ("one", "two")]
     for future in refused:
         with pytest.raises(Panic):
             await asyncio.wait_for(future, 10)
@@ -274,19 +311,19 @@ async def test_a_failed_call_reaches_every_waiter_and_closing_fails_those_still_
         return encode(texts)
 
     tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=held)  # type: ignore[assignment]
-    running = tokenizer._start(["in the call when it closes"])
+    running = tokenizer._start(["in the call when it closes"], truncate=True, offset=0)
     assert await asyncio.to_thread(entered.wait, 10)
-    queued = tokenizer._start(["queued behind it"])
+    queued = tokenizer._start(["queued behind it"], truncate=True, offset=0)
     tokenizer.close()
     release.set()
-    assert len(await running) == 1  # the call under way finishes
+    assert (await running).lengths[0] > 0  # the call under way finishes
     with pytest.raises(ShuttingDown):
         await asyncio.wait_for(queued, 10)  # rather than waiting forever
     assert tokenizer._thread is not None
     tokenizer._thread.join(10)
     assert not tokenizer._thread.is_alive()
     with pytest.raises(ShuttingDown):
-        tokenizer._start(["after it closed"])
+        tokenizer._start(["after it closed"], truncate=True, offset=0)
 
 
 def encode_all(directory: Path, texts: list[str]) -> list[Any]:

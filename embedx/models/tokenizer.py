@@ -1,11 +1,15 @@
 """Texts to token ids with the model's fast tokenizer: truncation (counted), texts far longer
 than the model reads cut at a space first, and batch encoding off the event loop on a thread
-of its own, one call at a time, shared by the requests that queue texts while it runs."""
+of its own, one call at a time, shared by the requests that queue texts while it runs; a
+second thread takes the ids out of each call while the next runs, so the loop gets arrays."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import itertools
+import queue
 import threading
 import time
 from collections.abc import AsyncGenerator, Sequence
@@ -16,7 +20,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from embedx.errors import InputTooLong, InvalidInput, ShuttingDown
-from embedx.heap import gc_paused
 
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
@@ -24,11 +27,14 @@ if TYPE_CHECKING:
     from embedx.models.source import ModelFiles
 
 # Texts a request submits at a time: a small first chunk so the devices start early, then
-# larger ones. The tokenizer spreads each call over every core, so calls run one at a time:
-# the next one runs while Python takes the ids out of the last (bench/tokenization.py,
-# "pipelined"), and chunks of concurrent requests that arrive meanwhile share it.
+# larger ones. The tokenizer spreads each call over every core, so calls run one at a time,
+# and chunks of concurrent requests that arrive meanwhile share the next
+# (bench/tokenization.py, "pipelined").
 FIRST_CHUNK = 1024
 CHUNK = 4096
+# Chunks a request keeps queued beyond the one it handles: with two, the tokenizer encodes
+# one while the collecting thread takes the ids out of the other, even for a lone request.
+CHUNKS_AHEAD = 2
 # A text longer than this many characters per token the model reads is cut at a space
 # before tokenizing: the tokenizer's time follows the text's length, not what is kept of it.
 # The cut is taken only where it cannot change the kept tokens (`_splits_at_spaces`,
@@ -84,28 +90,34 @@ class TextTokenizer:
         self, texts: Sequence[str], *, truncate: bool = True
     ) -> AsyncGenerator[tuple[int, Encoded]]:
         """Encode in chunks without blocking the event loop, yielding (first index, chunk) in
-        order; the next chunk encodes on the tokenizer's thread while the caller handles
+        order; the next chunks encode on the tokenizer's threads while the caller handles
         this one. With `truncate` off, an over-long text is an InputTooLong error naming it."""
         bounds = chunk_bounds(len(texts))
-        ahead = self._start(texts[slice(*bounds[0])])
-        try:
-            for i, (start, stop) in enumerate(bounds):
-                encodings = await ahead
-                if i + 1 < len(bounds):
-                    ahead = self._start(texts[slice(*bounds[i + 1])])
-                redo = self._unclean_cuts(encodings, texts[start:stop])
-                if redo:  # on the tokenizer's thread too: a long text could hold the loop
-                    whole = await self._start([texts[start + j] for j in redo], cut=False)
-                    _replace(encodings, redo, whole)
-                yield start, self._collect(encodings, truncate, offset=start)
-        finally:
-            ahead.cancel()  # the caller stopped early: its texts leave the next call
+        ahead: collections.deque[asyncio.Future[Encoded]] = collections.deque()
+        following = iter(bounds)
 
-    def _start(self, texts: Sequence[str], cut: bool = True) -> asyncio.Future[list[Encoding]]:
-        """Queue texts (cut first, unless told not to) for the tokenizer's thread: they go in
-        its next call, together with whatever else arrives until it starts."""
-        future: asyncio.Future[list[Encoding]] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(self._cut(texts) if cut else list(texts), future)
+        def queue_more() -> None:
+            for first, stop in itertools.islice(following, CHUNKS_AHEAD - len(ahead)):
+                ahead.append(self._start(texts[first:stop], truncate=truncate, offset=first))
+
+        ahead.append(self._start(texts[slice(*next(following))], truncate=truncate, offset=0))
+        try:
+            for start, _ in bounds:
+                encoded = await ahead.popleft()
+                queue_more()
+                yield start, encoded
+        finally:
+            for future in ahead:
+                future.cancel()  # the caller stopped early: its texts leave the next call
+
+    def _start(
+        self, texts: Sequence[str], *, truncate: bool, offset: int
+    ) -> asyncio.Future[Encoded]:
+        """Queue texts for the tokenizer's thread: they go in its next call, together with
+        whatever else arrives until it starts. `offset`: the first text's index in its
+        request, for error messages."""
+        future: asyncio.Future[Encoded] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(texts, truncate, offset, future)
         with self._queued:
             if self._closed:
                 raise ShuttingDown("the model is closing: its tokenizer takes no more texts")
@@ -119,56 +131,86 @@ class TextTokenizer:
         return future
 
     def _run(self) -> None:
-        """The tokenizer's thread: one call at a time over everything queued, each result
-        handed to its waiters on their event loop; once closed, whoever still waits hears
-        so."""
-        while True:
-            with self._queued:
-                while not self._waiting and not self._closed:
-                    self._queued.wait()
-                # a caller that stopped waiting leaves the call (a racy read, at worst an
-                # unwanted text encoded)
-                batch = [waiter for waiter in self._waiting if not waiter.future.done()]
-                self._waiting = []
-                if self._closed:
-                    closing = ShuttingDown("the model closed while its texts were queued")
-                    for waiter in batch:
-                        _hand(waiter, closing)
-                    return
-            if batch:
-                self._call(batch)
+        """The tokenizer's thread: one call at a time over everything queued, each call's
+        chunks made on the collecting thread while the next call runs; once closed, whoever
+        still waits hears so.
 
-    def _call(self, batch: list[_Waiter]) -> None:
-        texts = [text for waiter in batch for text in waiter.texts]
+        The encodings the collector is done with are freed here, before the next call: their
+        Rust strings were allocated by the tokenizer's worker threads, and freeing them while
+        those threads allocate the next call's contends for the allocator's locks, all with
+        the interpreter lock held. (An idle tokenizer keeps its last call's until the next.)"""
+        calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        spent: queue.SimpleQueue[list[Encoding]] = queue.SimpleQueue()
+        collector = threading.Thread(
+            target=self._collect, args=(calls, spent), name="embedx-token-ids", daemon=True
+        )
+        collector.start()
+        try:
+            while True:
+                with self._queued:
+                    while not self._waiting and not self._closed:
+                        self._queued.wait()
+                    # a caller that stopped waiting leaves the call (a racy read, at worst an
+                    # unwanted text encoded)
+                    batch = [waiter for waiter in self._waiting if not waiter.future.done()]
+                    self._waiting = []
+                    if self._closed:
+                        closing = ShuttingDown("the model closed while its texts were queued")
+                        for waiter in batch:
+                            _hand(waiter, closing)
+                        return
+                while not spent.empty():
+                    spent.get()  # and freed
+                if batch:
+                    texts = [text for waiter in batch for text in self._cut(waiter.texts)]
+                    try:
+                        calls.put(_Call(batch, self._encode(texts)))
+                    except BaseException as exc:  # a Rust panic is no Exception
+                        for waiter in batch:
+                            _hand(waiter, exc)
+        finally:
+            calls.put(None)  # the collector hands out what it holds, then ends
+            collector.join()
+
+    def _collect(
+        self, calls: queue.SimpleQueue[_Call | None], spent: queue.SimpleQueue[list[Encoding]]
+    ) -> None:
+        """The collecting thread: each waiter's ids out of its call's encodings into one array,
+        handed to the waiter; the encodings then go back to be freed (see `_run`)."""
+        while (call := calls.get()) is not None:
+            start = 0
+            for waiter in call.waiters:
+                stop = start + len(waiter.texts)
+                try:
+                    result: Encoded | BaseException = self._finish(
+                        call.encodings[start:stop], waiter.texts, waiter.truncate, waiter.offset
+                    )
+                except BaseException as exc:  # this waiter's alone: a text too long, or no tokens
+                    result = exc
+                _hand(waiter, result)
+                start = stop
+            spent.put(call.encodings)
+            del call
+
+    def _encode(self, texts: list[str]) -> list[Encoding]:
         started = time.monotonic()
         try:  # the tokenizer releases the GIL while it encodes
-            encodings = self._tokenizer.encode_batch_fast(texts)
-        except BaseException as exc:  # every waiter hears it (a Rust panic is no Exception)
-            for waiter in batch:
-                _hand(waiter, exc)
-            return
+            return self._tokenizer.encode_batch_fast(texts)
         finally:
-            self.busy_s += time.monotonic() - started
-            self.calls += 1
-            self.texts += len(texts)
-        start = 0
-        for waiter in batch:
-            _hand(waiter, encodings[start : start + len(waiter.texts)])
-            start += len(waiter.texts)
+            with self._queued:  # both threads count (a cut text tokenized whole, rarely)
+                self.busy_s += time.monotonic() - started
+                self.calls += 1
+                self.texts += len(texts)
 
     def close(self) -> None:
-        """Stop the tokenizer's thread once its call in progress, if any, returns."""
+        """Stop the tokenizer's threads once the call in progress, if any, is handed out."""
         with self._queued:
             self._closed = True
             self._queued.notify()
 
     def encode_now(self, texts: Sequence[str], *, truncate: bool = True) -> Encoded:
         """Blocking encode, for load-time probes and tools."""
-        encodings = self._tokenizer.encode_batch_fast(self._cut(texts))
-        redo = self._unclean_cuts(encodings, texts)
-        if redo:
-            _replace(encodings, redo, self._tokenizer.encode_batch_fast([texts[i] for i in redo]))
-        return self._collect(encodings, truncate)
+        return self._finish(self._encode(self._cut(texts)), texts, truncate, offset=0)
 
     def _cut(self, texts: Sequence[str]) -> list[str]:
         """The texts, each far longer than the model reads cut at a space (`cut_at`)."""
@@ -191,9 +233,15 @@ class TextTokenizer:
         self.recut += len(redo)
         return redo
 
-    def _collect(self, encodings: list[Encoding], truncate: bool, offset: int = 0) -> Encoded:
-        with gc_paused():
-            return self._gather(encodings, truncate, offset)
+    def _finish(
+        self, encodings: list[Encoding], texts: Sequence[str], truncate: bool, offset: int
+    ) -> Encoded:
+        """The texts' chunk from their encodings after the cut, tokenizing whole the few cut
+        texts whose kept tokens the cut could have changed."""
+        redo = self._unclean_cuts(encodings, texts)
+        if redo:
+            _replace(encodings, redo, self._encode([texts[i] for i in redo]))
+        return self._gather(encodings, truncate, offset)
 
     def _gather(self, encodings: list[Encoding], truncate: bool, offset: int) -> Encoded:
         # One int32 array per chunk: the ids' Python ints live only while they are copied,
@@ -220,22 +268,32 @@ class TextTokenizer:
         return Encoded(ids, offsets, lengths, len(truncated))
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A tokenizer call's encodings, for its waiters in order."""
+
+    waiters: list[_Waiter]
+    encodings: list[Encoding]
+
+
 @dataclass(slots=True)
 class _Waiter:
-    """A caller's texts queued for the tokenizer's thread, and the future for its result."""
+    """A caller's texts queued for the tokenizer's thread, and the future for their chunk."""
 
-    texts: list[str]
-    future: asyncio.Future[list[Encoding]]
+    texts: Sequence[str]
+    truncate: bool
+    offset: int
+    future: asyncio.Future[Encoded]
 
 
-def _hand(waiter: _Waiter, result: list[Encoding] | BaseException) -> None:
+def _hand(waiter: _Waiter, result: Encoded | BaseException) -> None:
     """From the tokenizer's thread: settle a waiter's future on its own loop."""
     with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
         waiter.future.get_loop().call_soon_threadsafe(_settle, waiter.future, result)
 
 
-def _settle(future: asyncio.Future[list[Encoding]], result: list[Encoding] | BaseException) -> None:
-    """On the waiter's loop: give it its encodings, unless it stopped waiting."""
+def _settle(future: asyncio.Future[Encoded], result: Encoded | BaseException) -> None:
+    """On the waiter's loop: give it its chunk, unless it stopped waiting."""
     if future.done():
         return
     if isinstance(result, BaseException):
