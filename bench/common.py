@@ -27,6 +27,7 @@ CORPUS_DIRS = (HERE.parent.parent / "shared" / "corpora", HERE.parent / ".carry"
 # median 35 tokens, p95 217: close to the 2.7M, median 26, p95 194.
 DEFAULT_CORPUS = ("fortunes", "enwiki_paragraphs", "lee_background", "mini_newsgroup")
 DEFAULT_REPEAT = 2
+SPY_RATE = 200  # py-spy samples a second (load.py --py-spy, gil_holders.py)
 
 
 def corpus_path(name: str) -> Path:

@@ -15,7 +15,7 @@ import argparse
 import collections
 import re
 
-from load import SPY_RATE
+from common import SPY_RATE
 
 
 def main() -> None:

@@ -33,11 +33,10 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from common import DEFAULT_CORPUS, environment, load_corpus, write_json
+from common import DEFAULT_CORPUS, SPY_RATE, environment, load_corpus, write_json
 from throughput import model_directory
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
-SPY_RATE = 200  # py-spy samples a second
 
 
 def free_port() -> int:
