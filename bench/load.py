@@ -300,11 +300,11 @@ def drive(
 
 def _counters(base_url: str) -> dict[str, dict[str, float]]:
     """Each device's batches, tokens and busy seconds so far, and the tokenizer's calls,
-    texts and busy seconds, from the server's /info."""
+    texts, busy seconds and seconds taking ids out, from the server's /info."""
     import httpx
 
     info = httpx.get(base_url.removesuffix("/v1") + "/info", timeout=10).json()
-    counters = {"tokenizer": {"calls": 0, "texts": 0, "busy_s": 0.0}}
+    counters = {"tokenizer": {"calls": 0, "texts": 0, "busy_s": 0.0, "collect_s": 0.0}}
     for model in info["models"]:
         for device in model.get("devices", []):
             counters[device["device"]] = {k: device[k] for k in ("batches", "tokens", "busy_s")}
@@ -319,14 +319,19 @@ def _counter_change(
 ) -> dict[str, dict[str, float]]:
     """Over one pass, per device: batches, mean tokens a batch, and the share of the pass
     its batches kept it busy (low with requests waiting means the host did not feed it);
-    for the tokenizer: calls, mean texts a call, and the share of the pass a call ran."""
+    for the tokenizer: calls, mean texts a call, the share of the pass a call ran, and the
+    share its ids were being taken out."""
     change = {}
     for name, now in after.items():
         was = before[name]
         if name == "tokenizer":
             calls = now["calls"] - was["calls"]
             texts = now["texts"] - was["texts"]
-            change[name] = {"calls": calls, "mean_call_texts": round(texts / max(1, calls))}
+            change[name] = {
+                "calls": calls,
+                "mean_call_texts": round(texts / max(1, calls)),
+                "collect_fraction": round((now["collect_s"] - was["collect_s"]) / seconds, 3),
+            }
         else:
             batches = now["batches"] - was["batches"]
             tokens = now["tokens"] - was["tokens"]

@@ -49,6 +49,7 @@ def line(path: Path) -> str:
         )
     if kind == "load":
         server, library = data["server"], data["library"]
+        tokenizer = server.get("devices", {}).get("tokenizer", {})
         return (
             f"load {data['model']} {data['clients']} clients x {data['texts_per_request']} texts: "
             f"server {server['tokens_per_s'] / 1e3:.0f}k tok/s, "
@@ -60,6 +61,7 @@ def line(path: Path) -> str:
             f"in engine p50 {server.get('in_engine_p50_s')}s (tokenizing "
             f"{server.get('tokenizing_p50_s')}s); busy "
             f"{ {k: v['busy_fraction'] for k, v in server.get('devices', {}).items()} }; "
+            f"taking ids out {tokenizer.get('collect_fraction')}; "
             f"cpu {server.get('cpu')}"
         )
     if kind == "kernels":

@@ -639,6 +639,7 @@ class Engine:
                 "calls": self.tokenizer.calls,
                 "texts": self.tokenizer.texts,
                 "busy_s": round(self.tokenizer.busy_s, 3),
+                "collect_s": round(self.tokenizer.collect_s, 3),
                 "cut_at_chars": self.tokenizer.cut_at,
                 "cut_then_retokenized": self.tokenizer.recut,
             },

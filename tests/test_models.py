@@ -245,6 +245,7 @@ async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_id
     assert tokenizer.calls == calls  # what /info reports
     assert tokenizer.texts >= sum(map(len, parts))
     assert tokenizer.busy_s > 0
+    assert tokenizer.collect_s > 0
 
 
 @pytest.mark.anyio

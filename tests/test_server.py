@@ -343,6 +343,8 @@ def test_a_body_over_the_limit_is_a_413_by_length_and_by_stream(server: Server) 
 
 
 def test_info_shows_settings_devices_counters_and_models(server: Server) -> None:
+    texts = [f"text {i} for the counters, " + "with words enough to count " * 4 for i in range(100)]
+    assert post(server, "/v1/embeddings", json={"model": MINILM_NAME, "input": texts}).is_success
     info = httpx.get(server.url + "/info").json()
     assert info["settings"]["api_key"] == "unset"
     assert info["devices"][0]["device"] == "cpu"
@@ -355,6 +357,7 @@ def test_info_shows_settings_devices_counters_and_models(server: Server) -> None
     assert model["devices"][0]["padding_rows"] == 0  # the CPU runs each batch's exact rows
     assert model["tokenizer"]["calls"] >= 1
     assert model["tokenizer"]["busy_s"] > 0
+    assert "collect_s" in model["tokenizer"]  # in ms, rounded: too few texts here to show
     assert model["tokenizer"]["cut_at_chars"] == 16 * model["max_seq_len"]
     assert model["tokenizer"]["cut_then_retokenized"] == 0
 
@@ -365,7 +368,8 @@ def test_metrics_are_prometheus_text(server: Server) -> None:
     for family in ("embedx_requests_total", "embedx_queue_items", "embedx_batch_tokens_bucket",
                    "embedx_device_busy_seconds_total", "embedx_model_load_seconds_count",
                    "embedx_padding_tokens_total", "embedx_embed_seconds_count",
-                   "embedx_tokenizer_busy_seconds_total"):  # fmt: skip
+                   "embedx_tokenizer_busy_seconds_total",
+                   "embedx_tokenizer_collect_seconds_total"):  # fmt: skip
         assert family in text
     assert 'embedx_requests_total{route="/v1/embeddings",method="POST",status="200"}' in text
 

@@ -85,6 +85,7 @@ class TextTokenizer:
         self.texts = 0
         self.recut = 0  # cut texts tokenized whole after all (see `_unclean_cuts`)
         self.busy_s = 0.0
+        self.collect_s = 0.0  # the collecting thread's, taking ids out (it too can limit)
 
     async def encode_chunks(
         self, texts: Sequence[str], *, truncate: bool = True
@@ -179,6 +180,7 @@ class TextTokenizer:
         handed to the waiter; the encodings then go back to be freed (see `_run`)."""
         while (call := calls.get()) is not None:
             start = 0
+            clock = time.monotonic()
             for waiter in call.waiters:
                 stop = start + len(waiter.texts)
                 try:
@@ -187,6 +189,9 @@ class TextTokenizer:
                     )
                 except BaseException as exc:  # this waiter's alone: a text too long, or no tokens
                     result = exc
+                now = time.monotonic()
+                self.collect_s += now - clock  # counted before its waiter hears
+                clock = now
                 _hand(waiter, result)
                 start = stop
             spent.put(call.encodings)

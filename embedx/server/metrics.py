@@ -113,6 +113,9 @@ MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[Engine], Any]], ...] = (
     ("embedx_tokenizer_busy_seconds_total", "counter",
      "Time a tokenizer call was running; near the uptime, tokenizing limits the model.",
      lambda e: e.tokenizer.busy_s),
+    ("embedx_tokenizer_collect_seconds_total", "counter",
+     "Time spent taking token ids out of tokenizer calls; near the uptime, that limits the model.",
+     lambda e: e.tokenizer.collect_s),
 )  # fmt: skip
 # Per model and device: (metric, kind, help, value of a worker).
 DEVICE_FAMILIES: tuple[tuple[str, str, str, Callable[[DeviceWorker], Any]], ...] = (
