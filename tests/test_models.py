@@ -27,7 +27,7 @@ from embedx.models.loader import EmbeddingModel, resolve_dtype
 from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, token_rows
 from embedx.models.pooling import Pooling, finish, pool
 from embedx.models.source import ModelFiles, resolve
-from embedx.models.tokenizer import TextTokenizer
+from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, TextTokenizer
 
 CPU = torch.device("cpu")
 TEXTS = ["hello world", "a somewhat longer sentence, with more words in it", "x " * 40, "fox"]
@@ -246,6 +246,25 @@ async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_id
     assert tokenizer.texts >= sum(map(len, parts))
     assert tokenizer.busy_s > 0
     assert tokenizer.collect_s > 0
+
+
+@pytest.mark.anyio
+async def test_a_request_keeps_two_chunks_queued_while_it_handles_one(minilm_dir: Path) -> None:
+    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
+    queued: list[int] = []  # each chunk's first text, as it is queued
+    start = tokenizer._start
+
+    def recorded(texts: list[str], *, truncate: bool, offset: int) -> Any:
+        queued.append(offset)
+        return start(texts, truncate=truncate, offset=offset)
+
+    tokenizer._start = recorded  # type: ignore[method-assign]
+    bounds = [0, FIRST_CHUNK, FIRST_CHUNK + CHUNK, FIRST_CHUNK + 2 * CHUNK]
+    texts = ["a few words"] * (FIRST_CHUNK + 3 * CHUNK)
+    handled = [(first, list(queued)) async for first, _ in tokenizer.encode_chunks(texts)]
+    # while it handles a chunk, the next two are queued: one can encode while the
+    # other's ids are taken out, even with no other request to fill the gap
+    assert handled == [(first, bounds[: i + 3]) for i, first in enumerate(bounds)]
 
 
 @pytest.mark.anyio
