@@ -4,6 +4,7 @@ import asyncio
 import json
 import shutil
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -254,7 +255,7 @@ async def test_a_request_keeps_two_chunks_queued_while_it_handles_one(minilm_dir
     queued: list[int] = []  # each chunk's first text, as it is queued
     start = tokenizer._start
 
-    def recorded(texts: list[str], *, truncate: bool, offset: int) -> Any:
+    def recorded(texts: Sequence[str], *, truncate: bool, offset: int) -> asyncio.Future[Any]:
         queued.append(offset)
         return start(texts, truncate=truncate, offset=offset)
 
