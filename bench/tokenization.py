@@ -6,7 +6,8 @@ Each variant tokenizes the default corpus with the all-MiniLM-L6-v2 tokenizer (2
 takes the ids out of the encodings into numpy (`collect`, Python work under the GIL):
 - sequential: one call, then its collect, then the next call;
 - pipelined: embedx's own `TextTokenizer.encode_chunks`, where the tokenizer's thread
-  makes each call and collects it while the event loop handles the chunk before;
+  makes each call and a second thread collects it, while the event loop handles the chunk
+  before;
 - concurrent_4: four calls in flight at once.
 Then long documents (`--long-corpus`, cut to the same 256 tokens): the tokenizer called on
 each whole text, against `TextTokenizer`, which cuts each far longer than that at a space
