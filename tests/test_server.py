@@ -417,6 +417,16 @@ def test_a_client_that_hangs_up_has_its_texts_dropped(
 # -- servers with other settings ------------------------------------------------------------
 
 
+def test_a_model_that_fails_to_preload_stops_the_server_with_exit_1() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
+    env.update(HF_HUB_OFFLINE="1", EMBEDX_PORT=str(free_port()), EMBEDX_PRELOAD="no-such/model")
+    done = subprocess.run([sys.executable, "-m", "embedx", "serve"], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1
+    assert "'no-such/model', which is not in the catalog" in done.stderr
+    assert "the server did not start" in done.stderr
+
+
 @contextlib.contextmanager
 def kept_busy(server: Server, texts: list[str]) -> Iterator[None]:
     """A long MiniLM request running (for half a second already) while the block runs."""

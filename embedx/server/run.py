@@ -1,5 +1,6 @@
-"""`embedx serve`: the app on uvloop, served in-process by granian's embedded server; on
-SIGTERM or Ctrl-C it stops taking requests, drains the ones in flight, unloads, exits 0."""
+"""`embedx serve`: the app on uvloop, served in-process by granian's embedded server over RSGI
+(server/rsgi.py); on SIGTERM or Ctrl-C it stops taking requests, drains the ones in flight,
+unloads, exits 0."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ import asyncio
 import ipaddress
 import logging
 import signal
+from typing import TYPE_CHECKING
 
 from embedx.config import Settings
 from embedx.server.app import create_app
+from embedx.server.edge import Edge
+from embedx.server.rsgi import LifespanFailed, RsgiBridge, lifespan
+
+if TYPE_CHECKING:
+    from granian.server.embed import Server
 
 log = logging.getLogger("embedx.server")
 
@@ -43,19 +50,31 @@ async def _serve(settings: Settings) -> int:
     from granian.server.embed import Server
 
     edge = create_app(settings)
-    server = Server(
-        edge,
-        address=settings.host,
-        port=settings.port,
-        interface=Interfaces.ASGI,
-        websockets=False,
-        log_level=settings.log_level,  # type: ignore[arg-type]
-        backlog=1024,
-    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    try:
+        async with lifespan(edge):  # models to preload load here, before the port opens
+            server = Server(
+                RsgiBridge(edge),
+                address=settings.host,
+                port=settings.port,
+                interface=Interfaces.RSGI,
+                websockets=False,
+                log_level=settings.log_level,  # type: ignore[arg-type]
+                backlog=1024,
+            )
+            return await _until_stopped(server, stop, settings, edge)
+    except LifespanFailed as exc:
+        log.error("the server did not start: %s", exc)
+        return 1
+
+
+async def _until_stopped(
+    server: Server, stop: asyncio.Event, settings: Settings, edge: Edge
+) -> int:
+    """Serve until SIGTERM or Ctrl-C, then stop taking requests and drain those in flight."""
     serving = asyncio.create_task(server.serve())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -70,7 +89,7 @@ async def _serve(settings: Settings) -> int:
         await asyncio.wait_for(edge.state.idle.wait(), settings.drain_timeout_s)
     except TimeoutError:
         log.warning("%d requests still running after the drain timeout", edge.state.in_flight)
-    server.stop()  # type: ignore[no-untyped-call]  # stop accepting; lifespan unloads models
+    server.stop()  # type: ignore[no-untyped-call]  # stop accepting; `lifespan` unloads
     await serving
     log.info("stopped")
     return 0

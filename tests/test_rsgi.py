@@ -1,0 +1,128 @@
+"""The RSGI bridge `embedx serve` puts in front of the ASGI app: a body in one message, the
+response in one call, a client leaving mid-body, and the app's lifespan. The real server over
+it is tests/test_server.py's."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from granian.rsgi import ProtocolClosed  # type: ignore[attr-defined]
+
+from embedx.server.edge import Message, Receive, Scope, Send
+from embedx.server.rsgi import LifespanFailed, RsgiBridge, lifespan
+
+pytestmark = pytest.mark.anyio
+
+
+class FakeScope:
+    def __init__(self, headers: dict[str, str], path: str = "/v1/embeddings") -> None:
+        self.http_version = "1.1"
+        self.method = "POST"
+        self.scheme = "http"
+        self.path = path
+        self.query_string = "a=b%20c"
+        self.client = "127.0.0.1:40000"
+        self.server = "127.0.0.1:8000"
+        self.headers = headers  # granian's RSGIHeaders, as far as the bridge uses them
+
+
+class FakeProtocol:
+    """An RSGI protocol that records what the bridge asks of it."""
+
+    def __init__(self, body: bytes, chunks: list[bytes] | None = None, *, closed: bool = False):
+        self.body = body
+        self.chunks = chunks or []
+        self.closed = closed
+        self.reads = 0
+        self.responses: list[tuple[int, list[tuple[str, str]], bytes]] = []
+
+    async def __call__(self) -> bytes:
+        self.reads += 1
+        if self.closed:
+            raise ProtocolClosed("RSGI transport is closed")
+        return self.body
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        async def chunks() -> AsyncIterator[bytes]:
+            for chunk in self.chunks:
+                yield chunk
+            if self.closed:
+                raise ProtocolClosed("RSGI transport is closed")
+
+        return chunks()
+
+    async def client_disconnect(self) -> None:
+        return None
+
+    def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.responses.append((status, headers, body))
+
+
+async def echo(scope: Scope, receive: Receive, send: Send) -> None:
+    """Answers with how many messages the body took, its length, and the scope it saw."""
+    messages: list[Message] = []
+    while not messages or messages[-1].get("more_body"):
+        messages.append(await receive())
+    if messages[-1]["type"] == "http.disconnect":
+        return
+    size = sum(len(m["body"]) for m in messages)
+    seen = f"{len(messages)} {size} {scope['path']} {scope['query_string'].decode()}"
+    await send({"type": "http.response.start", "status": 201, "headers": [(b"x-seen", b"1")]})
+    await send({"type": "http.response.body", "body": seen.encode(), "more_body": True})
+    await send({"type": "http.response.body", "body": b" ok"})
+
+
+async def test_a_body_of_declared_length_reaches_the_app_in_one_message() -> None:
+    protocol = FakeProtocol(b"x" * 60_000)
+    await RsgiBridge(echo).__rsgi__(FakeScope({"content-length": "60000"}), protocol)
+    assert protocol.reads == 1
+    assert protocol.responses == [(201, [("x-seen", "1")], b"1 60000 /v1/embeddings a=b%20c ok")]
+
+
+async def test_a_chunked_body_reaches_the_app_a_chunk_at_a_time() -> None:
+    protocol = FakeProtocol(b"", chunks=[b"a" * 10, b"b" * 20])
+    await RsgiBridge(echo).__rsgi__(FakeScope({"transfer-encoding": "chunked"}), protocol)
+    assert protocol.reads == 0  # counted as it comes, so the app can refuse it midway
+    assert protocol.responses[0][2].startswith(b"3 30 ")  # two chunks, then the end
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_a_client_leaving_mid_body_is_a_disconnect_and_gets_no_response(
+    chunked: bool,
+) -> None:
+    protocol = FakeProtocol(b"", chunks=[b"a"], closed=True)
+    headers = {"transfer-encoding": "chunked"} if chunked else {"content-length": "9"}
+    await RsgiBridge(echo).__rsgi__(FakeScope(headers), protocol)
+    assert protocol.responses == []
+
+
+def lifespan_app(fail: bool, events: list[str]) -> Any:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert scope["type"] == "lifespan"
+        await receive()
+        events.append("startup")
+        if fail:
+            await send({"type": "lifespan.startup.failed", "message": "no such model"})
+            return
+        await send({"type": "lifespan.startup.complete"})
+        await receive()
+        events.append("shutdown")
+        await send({"type": "lifespan.shutdown.complete"})
+
+    return app
+
+
+async def test_lifespan_starts_the_app_on_entry_and_stops_it_on_exit() -> None:
+    events: list[str] = []
+    async with lifespan(lifespan_app(False, events)):
+        assert events == ["startup"]
+    assert events == ["startup", "shutdown"]
+
+
+async def test_an_app_that_fails_to_start_raises_with_its_message() -> None:
+    events: list[str] = []
+    with pytest.raises(LifespanFailed, match="no such model"):
+        async with lifespan(lifespan_app(True, events)):
+            raise AssertionError("entered a lifespan whose startup failed")
