@@ -22,7 +22,7 @@ class FakeScope:
         self.method = "POST"
         self.scheme = "http"
         self.path = path
-        self.query_string = "a=b%20c"
+        self.query_string = "a=b%20c&q=日本"  # granian decodes it as UTF-8
         self.client = "127.0.0.1:40000"
         self.server = "127.0.0.1:8000"
         self.headers = headers  # granian's RSGIHeaders, as far as the bridge uses them
@@ -78,7 +78,8 @@ async def test_a_body_of_declared_length_reaches_the_app_in_one_message() -> Non
     protocol = FakeProtocol(b"x" * 60_000)
     await RsgiBridge(echo).__rsgi__(FakeScope({"content-length": "60000"}), protocol)
     assert protocol.reads == 1
-    assert protocol.responses == [(201, [("x-seen", "1")], b"1 60000 /v1/embeddings a=b%20c ok")]
+    seen = "1 60000 /v1/embeddings a=b%20c&q=日本 ok"
+    assert protocol.responses == [(201, [("x-seen", "1")], seen.encode())]
 
 
 async def test_a_chunked_body_reaches_the_app_a_chunk_at_a_time() -> None:

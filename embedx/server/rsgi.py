@@ -113,7 +113,7 @@ def _asgi_scope(scope: RsgiScope) -> Scope:
         "method": scope.method,
         "scheme": scope.scheme,
         "path": scope.path,
-        "query_string": scope.query_string.encode("latin-1"),
+        "query_string": scope.query_string.encode(),  # granian decodes it as UTF-8
         "root_path": "",
         "headers": [
             (name.encode("latin-1"), value.encode("latin-1"))
