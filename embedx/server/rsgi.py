@@ -30,7 +30,7 @@ class RsgiScope(Protocol):
     server: str
 
     @property
-    def headers(self) -> Any: ...  # granian's RSGIHeaders: items(), get()
+    def headers(self) -> Any: ...  # granian's RSGIHeaders: `in`, items()
 
 
 class RsgiProtocol(Protocol):
