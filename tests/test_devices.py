@@ -51,7 +51,12 @@ def test_budget_comes_from_free_memory_and_bytes_per_token() -> None:
 async def test_the_cpu_runs_work_on_its_thread_and_reports_the_time() -> None:
     accelerator = CpuAccelerator(cpu_info())
     loop_thread = asyncio.get_running_loop()
-    launched = accelerator.launch(lambda: (time.sleep(0.05), "done")[1])
+
+    def work() -> str:
+        time.sleep(0.05)
+        return "done"
+
+    launched = accelerator.launch(work)
     ticks = 0
     while not launched.future.done():  # the event loop keeps running meanwhile
         ticks += 1

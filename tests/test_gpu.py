@@ -122,11 +122,12 @@ async def test_cuda_oom_halves_the_budget_and_the_request_succeeds(
 async def test_a_hung_gpu_is_quarantined_and_the_cpu_finishes(
     minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
 ) -> None:
-    torch.cuda._sleep(1)  # load the spin kernel now: a first launch synchronizes the device
+    # load the spin kernel now: a first launch synchronizes the device
+    torch.cuda._sleep(1)  # type: ignore[no-untyped-call]  # torch's private test helper
 
     def hang_first(batch: Any, call: int) -> BaseException | None:
         if call == 1:
-            torch.cuda._sleep(4_000_000_000)  # about two seconds of a busy GPU stream
+            torch.cuda._sleep(4_000_000_000)  # type: ignore[no-untyped-call]  # about 2 s busy
         return None
 
     async with cuda_engine(
@@ -182,13 +183,11 @@ def test_triton_norms_and_silu_match_torch(width: int) -> None:
         return torch.randn(*shape, device="cuda", generator=g).bfloat16()
 
     x, r, w, b = rand(3001, width), rand(3001, width), rand(width), rand(width)
-    f32 = [t.float() for t in (x, r, w, b)]
-    assert (
-        rel_error(ops.add_layer_norm(x, r, w, b, 1e-12), reference.add_layer_norm(*f32, 1e-12))
-        < 1e-2
-    )
+    xf, rf, wf, bf = (t.float() for t in (x, r, w, b))
+    expected = reference.add_layer_norm(xf, rf, wf, bf, 1e-12)
+    assert rel_error(ops.add_layer_norm(x, r, w, b, 1e-12), expected) < 1e-2
     total, normed = ops.add_rms_norm(x, r, w, 1e-6)
-    ref_total, ref_normed = reference.add_rms_norm(f32[0], f32[1], f32[2], 1e-6)
+    ref_total, ref_normed = reference.add_rms_norm(xf, rf, wf, 1e-6)
     assert rel_error(total, ref_total) < 1e-2
     assert rel_error(normed, ref_normed) < 1e-2
     gate_up = rand(3001, 2 * width)

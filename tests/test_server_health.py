@@ -52,5 +52,9 @@ async def test_a_quarantined_device_makes_health_degraded_and_info_names_it(
         device = next(d for d in info["models"][0]["devices"] if d["device"] == "bad")
         assert device["state"] == "quarantined"
         assert "ECC error" in device["reason"]
-        assert "embedx_device_up" in (await client.get("/metrics")).text
+        metrics = (await client.get("/metrics")).text
+        assert "embedx_device_up" in metrics
+        # answered requests count under their route, none as a client hang-up (499)
+        assert 'route="/v1/embeddings",method="POST",status="200"' in metrics
+        assert 'status="499"' not in metrics
     await registry.drain(5)
