@@ -5,6 +5,7 @@ unloads, exits 0."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import signal
@@ -54,21 +55,22 @@ async def _serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    try:
-        async with lifespan(edge):  # models to preload load here, before the port opens
-            server = Server(
-                RsgiBridge(edge),
-                address=settings.host,
-                port=settings.port,
-                interface=Interfaces.RSGI,
-                websockets=False,
-                log_level=settings.log_level,  # type: ignore[arg-type]
-                backlog=1024,
-            )
-            return await _until_stopped(server, stop, settings, edge)
-    except LifespanFailed as exc:
-        log.error("the server did not start: %s", exc)
-        return 1
+    async with contextlib.AsyncExitStack() as running:
+        try:  # models to preload load here, before the port opens
+            await running.enter_async_context(lifespan(edge))
+        except LifespanFailed as exc:
+            log.error("the server did not start: %s", exc)
+            return 1
+        server = Server(
+            RsgiBridge(edge),
+            address=settings.host,
+            port=settings.port,
+            interface=Interfaces.RSGI,
+            websockets=False,
+            log_level=settings.log_level,  # type: ignore[arg-type]
+            backlog=1024,
+        )
+        return await _until_stopped(server, stop, settings, edge)
 
 
 async def _until_stopped(
