@@ -147,15 +147,15 @@ class LengthBuckets:
         while lengths:
             length = lengths[position]
             bucket = self._by_length[length]
-            # Within one length, how many more items fit is arithmetic, not a per-item test.
+            # Within one length, how many more items fit is arithmetic, not a per-item test:
+            # they move in bulk, those of cancelled jobs dropped on the way.
             room = cut.room(length)
             while bucket and room > 0:
-                item = bucket.popleft()
-                self.count -= 1
-                if item.job.cancelled:
-                    continue
-                cut.add(item)
-                room -= 1
+                taken = [bucket.popleft() for _ in range(min(room, len(bucket)))]
+                self.count -= len(taken)
+                live = [item for item in taken if not item.job.cancelled]
+                cut.add_all(live, length)
+                room -= len(live)
             if bucket:
                 return
             del self._by_length[length]
@@ -197,10 +197,12 @@ class Cut:
             fits = min(fits, self.max_items - 1)
         return max(0, fits)
 
-    def add(self, item: Item) -> None:
-        self.items.append(item)
-        self.tokens += item.length
-        self.longest = max(self.longest, item.length)
+    def add_all(self, items: list[Item], length: int) -> None:
+        """Admit items all of `length` tokens."""
+        if items:
+            self.items.extend(items)
+            self.tokens += length * len(items)
+            self.longest = max(self.longest, length)
 
     @property
     def area(self) -> int:

@@ -56,6 +56,25 @@ def test_cut_drops_items_of_cancelled_jobs() -> None:
     assert buckets.count == 0
 
 
+def test_a_cut_fills_its_room_past_cancelled_items_and_leaves_the_rest_in_order() -> None:
+    live, gone = Job(4), Job(4)
+    gone.cancelled = True
+    buckets = LengthBuckets()
+    for i in range(4):  # gone, live, gone, live, ... all of one length
+        buckets.push_all([Item(gone, i, 10), Item(live, i, 10)])
+    cut = Cut(area_budget=30, token_target=30)  # room for three
+    buckets.cut(End.LONG, cut)
+    assert [(item.job is live, item.index) for item in cut.items] == [
+        (True, 0),
+        (True, 1),
+        (True, 2),
+    ]
+    assert cut.tokens == 30
+    assert cut.longest == 10
+    assert buckets.count == 2  # what the cut did not reach: gone 3, live 3
+    assert [(item.job is live, item.index) for item in buckets.items()] == [(False, 3), (True, 3)]
+
+
 def test_max_items_caps_a_batch() -> None:
     buckets, _ = buckets_of([3] * 10)
     cut = Cut(area_budget=1000, token_target=1000, max_items=4)
