@@ -339,6 +339,21 @@ def test_a_body_over_the_limit_is_a_413_by_length_and_by_stream(server: Server) 
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+def test_a_chunked_body_is_read_whole(
+    server: Server, embedder: Any, reference_texts: list[str]
+) -> None:
+    body = json.dumps({"model": MINILM_NAME, "inputs": reference_texts[:40]}).encode()
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the server reads it piece by piece
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    response = post(server, "/embed", content=chunks())
+    assert response.status_code == 200, response.text
+    expected = embedder.embed(reference_texts[:40])
+    assert np.array_equal(np.array(response.json(), dtype=np.float32), expected)
+
+
 # -- operations ---------------------------------------------------------------------------
 
 

@@ -63,7 +63,6 @@ class _Exchange:
     def __init__(self, protocol: RsgiProtocol, *, chunked: bool) -> None:
         self._protocol = protocol
         # A body of declared length (or none) is read whole: the app checked the length first.
-        # (Iterating granian's protocol over no body crashes the process.)
         self._chunked = chunked
         self._chunks: AsyncIterator[bytes] | None = None
         self._body_done = False
@@ -81,8 +80,11 @@ class _Exchange:
                 return {"type": "http.request", "body": await self._protocol(), "more_body": False}
             # chunked: a chunk at a time, so that the app counts the body against its limit
             if self._chunks is None:
-                self._chunks = aiter(self._protocol)
-            chunk = await anext(self._chunks, None)
+                self._chunks = self._protocol.__aiter__()
+            # not the builtin anext(): its wrapper over granian's iterator crashes the process
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            chunk = None
         except ProtocolClosed:  # the client left mid-body
             return {"type": "http.disconnect"}
         self._body_done = chunk is None
