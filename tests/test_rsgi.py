@@ -82,6 +82,20 @@ async def test_a_body_of_declared_length_reaches_the_app_in_one_message() -> Non
     assert protocol.responses == [(201, [("x-seen", "1")], seen.encode())]
 
 
+async def test_a_streamed_response_goes_out_as_its_one_part_not_a_copy() -> None:
+    big = b"y" * 1_000_000
+
+    async def streams(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()  # as BlackSheep sends a streamed body: the part, then an empty end
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": big, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    protocol = FakeProtocol(b"{}")
+    await RsgiBridge(streams).__rsgi__(FakeScope({"content-length": "2"}), protocol)
+    assert protocol.responses[0][2] is big
+
+
 async def test_a_chunked_body_reaches_the_app_a_chunk_at_a_time() -> None:
     protocol = FakeProtocol(b"", chunks=[b"a" * 10, b"b" * 20])
     await RsgiBridge(echo).__rsgi__(FakeScope({"transfer-encoding": "chunked"}), protocol)

@@ -31,9 +31,9 @@ def json_bytes_response(
     if len(body) <= BLACKSHEEP_SLICE_BYTES:
         return Response(status, raw, Content(JSON, body))
 
-    # Each slice is a copy and a send the event loop awaits (a 256-text MiniLM response in
-    # base64 takes ten); as the one part of a stream of known length the body takes one, and
-    # still carries its content-length.
+    # Each slice is a copy and a send (a 256-text MiniLM response in base64 takes ten; over
+    # ASGI servers each send is awaited on the loop); as the one part of a stream of known
+    # length the body takes one, and still carries its content-length.
     async def whole() -> AsyncIterator[bytes]:
         yield body
 

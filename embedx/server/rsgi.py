@@ -97,8 +97,10 @@ class _Exchange:
                 (name.decode("latin-1"), value.decode("latin-1"))
                 for name, value in message.get("headers", [])
             ]
-        else:
-            self._body.append(message.get("body", b""))
+        elif body := message.get("body", b""):
+            # not the empty last part BlackSheep sends after a streamed body: the join of
+            # one part is that part, not a copy of a response that can run to megabytes
+            self._body.append(body)
 
     def respond(self) -> None:
         """Send the response, if the app made one (not for a client that left: granian
