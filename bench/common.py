@@ -77,12 +77,15 @@ def environment() -> dict[str, Any]:
     import numpy
     import torch
 
+    from embedx.allocator import allocator
+
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu_cores": len(os.sched_getaffinity(0)),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
+        "allocator": allocator(),
     }
     for package in ("transformers", "tokenizers", "sentence_transformers"):
         try:

@@ -109,6 +109,7 @@ async def library_rate(
         "seconds": seconds,
         "runs_s": [round(run, 4) for run in runs],
         "tokens_per_s": result.tokens / seconds,
+        "peak_rss_bytes": peak_rss_bytes(os.getpid()),  # the model's load and imports included
         # the event loop's thread: it also feeds the server's devices, one thread for all
         "main_thread_us_per_text": round(1e6 * main_cpu_s / (passes * len(texts)), 1),
     }
@@ -295,7 +296,19 @@ def drive(
             runs.append(figures)
         stop_recording(recorder)
     median = sorted(runs, key=lambda run: run["seconds"])[len(runs) // 2]
-    return {**median, "runs_s": [round(run["seconds"], 4) for run in runs]}
+    return {
+        **median,
+        "runs_s": [round(run["seconds"], 4) for run in runs],
+        "peak_rss_bytes": peak_rss_bytes(server_pid),
+    }
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The most resident memory the process has held so far (VmHWM)."""
+    for row in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if row.startswith("VmHWM:"):
+            return int(row.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
 
 
 def _counters(base_url: str) -> dict[str, dict[str, float]]:
