@@ -58,15 +58,19 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _info(settings: Settings, as_json: bool) -> int:
+    from embedx.allocator import process_allocator
     from embedx.devices import discover
 
     devices = [d.as_dict() for d in discover(settings)]
+    malloc = process_allocator()
     if as_json:
-        print(json.dumps({"settings": settings.redacted(), "devices": devices}, indent=2))
+        document = {"settings": settings.redacted(), "devices": devices, "allocator": malloc}
+        print(json.dumps(document, indent=2))
         return EXIT_OK
     print("settings:")
     for key, value in settings.redacted().items():
         print(f"  {key:26} {value}")
+    print(f"allocator: {malloc} (DEPLOY.md: 'The memory allocator')")
     print("devices (fastest first, by static score until a model measures them):")
     header = ("device", "name", "free/total GiB", "SMs/cores", "cc", "score")
     print("  {:8} {:28} {:>15} {:>9} {:>4} {:>7}".format(*header))

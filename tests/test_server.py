@@ -23,6 +23,7 @@ import numpy as np
 import openai
 import pytest
 
+from embedx.allocator import allocator
 from tests.conftest import MINILM_NAME
 
 
@@ -363,6 +364,7 @@ def test_info_shows_settings_devices_counters_and_models(server: Server) -> None
     info = httpx.get(server.url + "/info").json()
     assert info["settings"]["api_key"] == "unset"
     assert info["devices"][0]["device"] == "cpu"
+    assert info["allocator"] == allocator()  # the server inherits this process's environment
     assert {"limit", "running", "waiting"} <= set(info["requests"])
     model = next(m for m in info["models"] if m["model"] == MINILM_NAME)
     for key in ("pooling", "dimensions", "max_seq_len", "devices", "idle_s", "truncated_inputs"):

@@ -7,6 +7,7 @@ import time
 from blacksheep import Content, Request, Response
 
 from embedx import __version__
+from embedx.allocator import process_allocator
 from embedx.server.metrics import render
 from embedx.server.openapi import docs_page, openapi_spec
 from embedx.server.responses import json_response
@@ -28,6 +29,7 @@ async def info(state: ServerState, http: Request) -> Response:
             "uptime_s": round(time.time() - state.started_at, 1),
             "settings": state.settings.redacted(),
             "devices": [d.as_dict() for d in state.devices],
+            "allocator": process_allocator(),
             "requests": {**state.admission.describe(), "http_in_flight": state.in_flight},
             "models": state.registry.describe(),
             "quarantined": state.registry.degraded(),
