@@ -7,12 +7,18 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/embedx/bin:$PATH
 
 # Python 3.12; gcc and libc headers because Triton compiles a small launcher for each of
-# embedx's fused kernels (norms, SiLU, RoPE) the first time it runs; curl for HEALTHCHECK.
+# embedx's fused kernels (norms, SiLU, RoPE) the first time it runs; curl for HEALTHCHECK;
+# jemalloc, preloaded below.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev \
-      gcc libc6-dev curl ca-certificates \
+      gcc libc6-dev curl ca-certificates libjemalloc2 \
  && rm -rf /var/lib/apt/lists/* \
  && python3.12 -m venv /opt/embedx
+
+# The tokenizer allocates and frees a string per token: with jemalloc in place of glibc's
+# malloc the server's threads use 16% less CPU at the same rate (DEPLOY.md, "The memory
+# allocator"). A bare name: the loader finds it on any architecture.
+ENV LD_PRELOAD=libjemalloc.so.2
 
 # torch pinned to a CUDA 12.8 build first, so the project's `torch>=2.4` adds nothing.
 RUN pip install "torch==2.11.0" --index-url https://download.pytorch.org/whl/cu128

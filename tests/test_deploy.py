@@ -46,6 +46,9 @@ def test_dockerfile_pins_its_base_runs_unprivileged_and_checks_health() -> None:
     assert "/models" in text
     assert "gcc" in text, "Triton needs a C compiler for its kernel launchers"
     assert ".[server]" in text or "[server]" in text
+    # preloaded by a bare name, which the loader finds only where the package put it
+    assert "libjemalloc2" in text
+    assert re.search(r"^ENV LD_PRELOAD=libjemalloc\.so\.2$", text, flags=re.MULTILINE)
 
 
 def test_compose_publishes_on_loopback_with_gpus_volumes_and_a_user() -> None:
