@@ -243,6 +243,8 @@ class ConvergingQueue:
             raise ShuttingDown("the model is unloading; send the request again")
         if not self.active_devices():
             raise NoDeviceAvailable("every device of this model is quarantined")
+        if job.cancelled:  # it failed or was cancelled while these texts were tokenized
+            return
         now = self.clock()
         generation = self._open_generation
         buckets = self._generations.get(generation)

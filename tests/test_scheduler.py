@@ -121,6 +121,22 @@ def test_a_cancelled_request_has_its_pending_items_dropped() -> None:
     assert all(item.job is kept for item in claim.items)
 
 
+def test_texts_of_a_failed_request_still_being_tokenized_are_not_queued() -> None:
+    """A request fails (its text failed in every batch) while its later chunks are still
+    being tokenized: those chunks are dropped, not counted as pending work forever."""
+    queue = ConvergingQueue(clock=Clock(), quarantine_after=100)
+    device = queue.add_device("d", budget=1000, rate=1e6)
+    job = Job(3)
+    queue.submit(job, [Item(job, 0, 10)])
+    while (claim := queue.claim(device)) is not None:
+        queue.fail(claim, RuntimeError("poison"))
+    assert isinstance(job.error, EmbeddingFailed)
+    queue.submit(job, [Item(job, 1, 10), Item(job, 2, 10)])  # its next chunk, tokenized late
+    assert queue.pending_items == 0
+    assert queue.pending_tokens == 0
+    assert queue.claim(device) is None
+
+
 # -- devices and sides ---------------------------------------------------------------------
 
 
