@@ -34,7 +34,7 @@ from embedx.models.catalog import ModelSpec, check_template
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype, weight_bytes
 from embedx.models.packing import HostBatch, Staging, bucketed_rows, pack, to_device
 from embedx.models.pooling import Pooling, check_dimensions, finish
-from embedx.models.tokenizer import Encoded, TextTokenizer
+from embedx.models.tokenizer import TextTokenizer
 from embedx.scheduler import Claim, ConvergingQueue, DeviceSlot
 from embedx.telemetry import LATENCY_BUCKETS_S, TOKEN_BUCKETS, Histogram
 
@@ -569,25 +569,17 @@ class Engine:
         """Tokenize chunk by chunk, submitting each as soon as it is ready: devices start on
         the first chunk while the rest is still being tokenized. Returns how many texts were
         truncated."""
-
-        def queue_chunk(start: int, encoded: Encoded) -> None:
-            # Run as the chunk is handed to the loop: this task would wake to it a turn later.
-            with heap.gc_paused():
-                views = zip(encoded.lengths, encoded.views(), strict=True)
-                items = [Item(job, start + i, n, ids) for i, (n, ids) in enumerate(views)]
-                self.queue.submit(job, items)
-            if job.fed == job.size:
-                self.queue.feeding_done(job)
-
         truncated = 0
         self.queue.feeding_started(job)
         try:
-            chunks = self.tokenizer.encode_chunks(texts, truncate=truncate, on_chunk=queue_chunk)
+            chunks = self.tokenizer.encode_chunks(texts, truncate=truncate)
             async with contextlib.aclosing(chunks):
-                async for _, encoded in chunks:
+                async for start, encoded in chunks:
+                    with heap.gc_paused():
+                        views = zip(encoded.lengths, encoded.views(), strict=True)
+                        items = [Item(job, start + i, n, ids) for i, (n, ids) in enumerate(views)]
+                        self.queue.submit(job, items)
                     truncated += encoded.truncated
-                    if job.cancelled:
-                        break  # it failed: its error waits in its future, its texts need no tokens
         finally:
             self.queue.feeding_done(job)
         return truncated

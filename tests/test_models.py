@@ -4,7 +4,7 @@ import asyncio
 import json
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +15,6 @@ import torch
 
 from embedx.errors import (
     InputTooLong,
-    InvalidInput,
     InvalidModel,
     InvalidOption,
     ModelNotFound,
@@ -29,7 +28,7 @@ from embedx.models.loader import EmbeddingModel, resolve_dtype
 from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, token_rows
 from embedx.models.pooling import Pooling, finish, pool
 from embedx.models.source import ModelFiles, resolve
-from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, Encoded, TextTokenizer
+from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, TextTokenizer
 
 CPU = torch.device("cpu")
 TEXTS = ["hello world", "a somewhat longer sentence, with more words in it", "x " * 40, "fox"]
@@ -251,64 +250,14 @@ async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_id
 
 
 @pytest.mark.anyio
-async def test_each_chunk_is_consumed_as_it_is_handed_over_before_the_caller_wakes(
-    minilm_dir: Path,
-) -> None:
-    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
-    texts = [f"text number {i}" for i in range(FIRST_CHUNK + CHUNK + 7)]
-    events: list[tuple[str, int]] = []
-    consumed: dict[int, Encoded] = {}
-
-    def on_chunk(first: int, chunk: Encoded) -> None:
-        events.append(("consumed", first))
-        consumed[first] = chunk
-
-    async for first, chunk in tokenizer.encode_chunks(texts, on_chunk=on_chunk):
-        assert consumed[first] is chunk  # the very chunk the caller gets, already consumed
-        events.append(("yielded", first))
-    firsts = [0, FIRST_CHUNK, FIRST_CHUNK + CHUNK]
-    assert [f for kind, f in events if kind == "consumed"] == firsts  # in order, once each
-    for first in firsts:
-        assert events.index(("consumed", first)) < events.index(("yielded", first))
-
-
-@pytest.mark.anyio
-async def test_a_consumer_that_fails_fails_the_caller_in_that_chunks_place(
-    minilm_dir: Path,
-) -> None:
-    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
-    texts = ["a few words"] * (FIRST_CHUNK + 10)
-
-    def on_chunk(first: int, chunk: Encoded) -> None:
-        if first:
-            raise InvalidInput("the second chunk is refused", param="input")
-
-    yielded: list[int] = []
-
-    async def handle() -> None:
-        async for first, _ in tokenizer.encode_chunks(texts, on_chunk=on_chunk):
-            yielded.append(first)
-
-    with pytest.raises(InvalidInput, match="second chunk"):
-        await handle()
-    assert yielded == [0]
-
-
-@pytest.mark.anyio
 async def test_a_request_keeps_two_chunks_queued_while_it_handles_one(minilm_dir: Path) -> None:
     tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
     queued: list[int] = []  # each chunk's first text, as it is queued
     start = tokenizer._start
 
-    def recorded(
-        texts: Sequence[str],
-        *,
-        truncate: bool,
-        offset: int,
-        on_ready: Callable[[Encoded], None] | None = None,
-    ) -> asyncio.Future[Encoded]:
+    def recorded(texts: Sequence[str], *, truncate: bool, offset: int) -> asyncio.Future[Any]:
         queued.append(offset)
-        return start(texts, truncate=truncate, offset=offset, on_ready=on_ready)
+        return start(texts, truncate=truncate, offset=offset)
 
     tokenizer._start = recorded  # type: ignore[method-assign]
     bounds = [0, FIRST_CHUNK, FIRST_CHUNK + CHUNK, FIRST_CHUNK + 2 * CHUNK]

@@ -8,12 +8,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import itertools
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
 from typing import TYPE_CHECKING
@@ -89,32 +88,20 @@ class TextTokenizer:
         self.collect_s = 0.0  # the collecting thread's, taking ids out (it too can limit)
 
     async def encode_chunks(
-        self,
-        texts: Sequence[str],
-        *,
-        truncate: bool = True,
-        on_chunk: Callable[[int, Encoded], None] | None = None,
+        self, texts: Sequence[str], *, truncate: bool = True
     ) -> AsyncGenerator[tuple[int, Encoded]]:
         """Encode in chunks without blocking the event loop, yielding (first index, chunk) in
         order; the next chunks encode on the tokenizer's threads while the caller handles
-        this one. With `truncate` off, an over-long text is an InputTooLong error naming it.
-
-        `on_chunk(first index, chunk)` runs on the loop the moment a chunk is handed over, a
-        turn of the loop before the caller's task wakes to it (15 to 30 ms under load); an
-        exception it raises is raised to the caller in the chunk's place."""
+        this one. With `truncate` off, an over-long text is an InputTooLong error naming it."""
         bounds = chunk_bounds(len(texts))
         ahead: collections.deque[asyncio.Future[Encoded]] = collections.deque()
         following = iter(bounds)
 
-        def begin(first: int, stop: int) -> asyncio.Future[Encoded]:
-            consume = None if on_chunk is None else functools.partial(on_chunk, first)
-            return self._start(texts[first:stop], truncate=truncate, offset=first, on_ready=consume)
-
         def queue_more() -> None:
             for first, stop in itertools.islice(following, CHUNKS_AHEAD - len(ahead)):
-                ahead.append(begin(first, stop))
+                ahead.append(self._start(texts[first:stop], truncate=truncate, offset=first))
 
-        ahead.append(begin(*next(following)))
+        ahead.append(self._start(texts[slice(*next(following))], truncate=truncate, offset=0))
         try:
             for start, _ in bounds:
                 encoded = await ahead.popleft()
@@ -125,18 +112,13 @@ class TextTokenizer:
                 future.cancel()  # the caller stopped early: its texts leave the next call
 
     def _start(
-        self,
-        texts: Sequence[str],
-        *,
-        truncate: bool,
-        offset: int,
-        on_ready: Callable[[Encoded], None] | None = None,
+        self, texts: Sequence[str], *, truncate: bool, offset: int
     ) -> asyncio.Future[Encoded]:
         """Queue texts for the tokenizer's thread: they go in its next call, together with
         whatever else arrives until it starts. `offset`: the first text's index in its
         request, for error messages."""
         future: asyncio.Future[Encoded] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(texts, truncate, offset, future, on_ready)
+        waiter = _Waiter(texts, truncate, offset, future)
         with self._queued:
             if self._closed:
                 raise ShuttingDown("the model is closing: its tokenizer takes no more texts")
@@ -301,32 +283,24 @@ class _Call:
 
 @dataclass(slots=True)
 class _Waiter:
-    """A caller's texts queued for the tokenizer's thread, the future for their chunk, and
-    what consumes the chunk on the loop as it arrives (`encode_chunks`' `on_chunk`)."""
+    """A caller's texts queued for the tokenizer's thread, and the future for their chunk."""
 
     texts: Sequence[str]
     truncate: bool
     offset: int
     future: asyncio.Future[Encoded]
-    on_ready: Callable[[Encoded], None] | None = None
 
 
 def _hand(waiter: _Waiter, result: Encoded | BaseException) -> None:
     """From the tokenizer's thread: settle a waiter's future on its own loop."""
     with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
-        waiter.future.get_loop().call_soon_threadsafe(_settle, waiter, result)
+        waiter.future.get_loop().call_soon_threadsafe(_settle, waiter.future, result)
 
 
-def _settle(waiter: _Waiter, result: Encoded | BaseException) -> None:
-    """On the waiter's loop: hand it its chunk, unless it stopped waiting."""
-    future = waiter.future
+def _settle(future: asyncio.Future[Encoded], result: Encoded | BaseException) -> None:
+    """On the waiter's loop: give it its chunk, unless it stopped waiting."""
     if future.done():
         return
-    if waiter.on_ready is not None and not isinstance(result, BaseException):
-        try:
-            waiter.on_ready(result)
-        except Exception as exc:  # the consumer's failure is its caller's, not the loop's
-            result = exc
     if isinstance(result, BaseException):
         future.set_exception(result)
     else:
