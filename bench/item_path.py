@@ -4,11 +4,11 @@ batch: the real queue, packing and delivery, no device and no HTTP.
     python bench/item_path.py [--requests 64] [--texts 256] [--rounds 20] [--out FILE]
 
 Each round queues --requests requests of --texts texts (the default corpus through MiniLM's
-tokenizer, cut at 256 tokens) as `Engine._tokenize_into` does, then claims batches of one
-device's --budget tokens, packs them, writes their rows and completes them as
-`DeviceWorker` does. Batches mix requests, as a busy server's do. JSON: microseconds a text
-for each step, the median over rounds. On the H200 host the server's loop thread spends
-10 to 15 us a text in all (bench/results/h200x2-run13/).
+tokenizer, cut at 256 tokens) as the engine does (`chunk_items`), then claims batches of one
+device's --budget tokens, packs them, writes their rows as `DeviceWorker` does
+(`write_batch`) and completes them. Batches mix requests, as a busy server's do. JSON:
+microseconds a text for each step, the median over rounds. On the H200 host the server's
+loop thread spends 10 to 15 us a text in all (bench/results/h200x2-run13/).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 from common import environment, load_corpus, write_json
 from throughput import minilm_directory
 
-from embedx.batching import FLOATS, Item, Job
-from embedx.engine import _by_job, _sole_job, _write_rows
+from embedx.batching import FLOATS, Job
+from embedx.engine import _sole_job, chunk_items, write_batch
 from embedx.models.packing import pack
 from embedx.models.source import resolve
 from embedx.models.tokenizer import Encoded, TextTokenizer
@@ -39,8 +39,7 @@ def one_round(queue: ConvergingQueue, chunks: list[Encoded], slot: Any) -> dict[
         job = Job(len(encoded.lengths))
         job.out = np.empty((job.size, DIMENSIONS), np.float32)
         queue.feeding_started(job)
-        views = zip(encoded.lengths, encoded.views(), strict=True)
-        queue.submit(job, [Item(job, i, n, ids) for i, (n, ids) in enumerate(views)])
+        queue.submit(job, chunk_items(job, 0, encoded))
         queue.feeding_done(job)
     clocks["queue"] = time.perf_counter() - started
     while queue.pending_items:
@@ -51,13 +50,7 @@ def one_round(queue: ConvergingQueue, chunks: list[Encoded], slot: Any) -> dict[
         host = pack([item.ids for item in claim.items])
         packed = time.perf_counter()
         rows = np.zeros((host.count, DIMENSIONS), np.float32)
-        sole = _sole_job(claim.items)
-        if sole is not None:
-            indices = np.fromiter((item.index for item in claim.items), np.intp, host.count)
-            _write_rows(sole, indices, rows, FLOATS)
-        else:
-            for job, indices, picked in _by_job(claim.items):
-                _write_rows(job, indices, rows[picked], FLOATS)
+        write_batch(claim.items, _sole_job(claim.items), rows, FLOATS)
         queue.complete(claim, 0.01)
         done = time.perf_counter()
         clocks["claim"] += claimed - started

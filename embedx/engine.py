@@ -34,7 +34,7 @@ from embedx.models.catalog import ModelSpec, check_template
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype, weight_bytes
 from embedx.models.packing import HostBatch, Staging, bucketed_rows, pack, to_device
 from embedx.models.pooling import Pooling, check_dimensions, finish
-from embedx.models.tokenizer import TextTokenizer
+from embedx.models.tokenizer import Encoded, TextTokenizer
 from embedx.scheduler import Claim, ConvergingQueue, DeviceSlot
 from embedx.telemetry import LATENCY_BUCKETS_S, TOKEN_BUCKETS, Histogram
 
@@ -84,6 +84,24 @@ def _batch_form(items: Sequence[Item], sole: Job | None) -> RowForm:
     if len(forms) == 1:
         return forms.pop()
     return RowForm(unit=all(form.unit for form in forms))
+
+
+def write_batch(items: Sequence[Item], sole: Job | None, rows: np.ndarray, form: RowForm) -> None:
+    """Write a finished batch's rows into its live requests' outputs; `sole` is the one
+    request of all its items, if there is one (`_sole_job`)."""
+    if sole is not None:
+        if not sole.cancelled:
+            indices = np.fromiter((item.index for item in items), np.intp, len(items))
+            _write_rows(sole, indices, rows, form)
+        return
+    for job, indices, picked in _by_job(items):
+        _write_rows(job, indices, rows[picked], form)
+
+
+def chunk_items(job: Job, start: int, encoded: Encoded) -> list[Item]:
+    """A tokenized chunk's texts as the job's items; `start` is its first text's index."""
+    views = zip(encoded.lengths, encoded.views(), strict=True)
+    return [Item(job, start + i, n, ids) for i, (n, ids) in enumerate(views)]
 
 
 @dataclass(slots=True)
@@ -267,15 +285,7 @@ class DeviceWorker:
         if not self.queue.holds(claim):
             return  # revoked: the device was quarantined, others ran these items
         rows = output.numpy()  # host memory: pinned staging, valid until the next launch
-        items = claim.items
-        sole = batch.sole_job
-        if sole is not None:
-            if not sole.cancelled:
-                indices = np.fromiter((item.index for item in items), np.intp, len(items))
-                _write_rows(sole, indices, rows, batch.form)
-        else:
-            for job, indices, picked in _by_job(items):
-                _write_rows(job, indices, rows[picked], batch.form)
+        write_batch(claim.items, batch.sole_job, rows, batch.form)
         self.batch_tokens.observe(claim.tokens)
         self.queue.complete(claim, seconds)
 
@@ -576,9 +586,7 @@ class Engine:
             async with contextlib.aclosing(chunks):
                 async for start, encoded in chunks:
                     with heap.gc_paused():
-                        views = zip(encoded.lengths, encoded.views(), strict=True)
-                        items = [Item(job, start + i, n, ids) for i, (n, ids) in enumerate(views)]
-                        self.queue.submit(job, items)
+                        self.queue.submit(job, chunk_items(job, start, encoded))
                     truncated += encoded.truncated
         finally:
             self.queue.feeding_done(job)
