@@ -585,6 +585,8 @@ class Engine:
             chunks = self.tokenizer.encode_chunks(texts, truncate=truncate)
             async with contextlib.aclosing(chunks):
                 async for start, encoded in chunks:
+                    if job.cancelled:
+                        break  # it failed meanwhile: its other texts need no tokenizing
                     with heap.gc_paused():
                         self.queue.submit(job, chunk_items(job, start, encoded))
                     truncated += encoded.truncated

@@ -4,6 +4,7 @@ import asyncio
 import base64
 import gc
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,48 @@ async def test_when_every_device_fails_the_request_gets_an_error_not_a_hang(
         wrap(engine, "only", fail=lambda b, n: RuntimeError("broken (injected)"))
         with pytest.raises(NoDeviceAvailable):
             await engine.embed(["a", "b", "c"])
+
+
+async def test_a_request_that_fails_stops_tokenizing_its_other_texts(
+    make_engine: Callable[..., Any], reference_texts: list[str]
+) -> None:
+    from embedx.errors import EmbeddingFailed
+    from embedx.models.tokenizer import CHUNK, FIRST_CHUNK
+
+    poison = "zyzzyva"  # one of its tokens is in no reference text
+    texts = [poison, *(reference_texts * 40)][: FIRST_CHUNK + 4 * CHUNK]  # five chunks
+    async with make_engine(("cpu",), max_batch_tokens=4096) as engine:
+        poison_id = int(engine.tokenizer.encode_now([poison]).ids[3])
+        assert poison_id not in engine.tokenizer.encode_now(reference_texts).ids
+        failed = threading.Event()
+
+        def fail(batch: Any, call: int) -> BaseException | None:
+            if not bool((batch.input_ids == poison_id).any()):
+                return None
+            failed.set()
+            return RuntimeError("this text breaks the model (injected)")
+
+        wrap(engine, "cpu", fail=fail)
+        engine.queue.max_item_attempts = 1  # its first failed batch fails the request
+        tokenizer = engine.tokenizer
+        encode = tokenizer._encode
+        calls = 0
+
+        def held(batch: list[str]) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls > 1:  # the first chunk's call runs; the next waits for the failure
+                assert failed.wait(60)
+            return encode(batch)
+
+        tokenizer._encode = held
+        before = tokenizer.texts
+        with pytest.raises(EmbeddingFailed, match="breaks the model"):
+            await engine.embed(texts)
+        # the first chunk, the two queued behind it, and at most the one queued as the
+        # second arrived: never the fifth
+        assert tokenizer.texts - before <= FIRST_CHUNK + 3 * CHUNK
+        assert (await engine.embed(reference_texts[:3])).vectors.shape == (3, 384)
 
 
 async def test_a_failed_smoke_test_leaves_nothing_loaded(
