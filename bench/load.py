@@ -95,11 +95,14 @@ async def library_rate(
         recorder = record_stacks(os.getpid(), py_spy, spy_flags) if py_spy else None
         runs = []
         main_cpu_s = time.thread_time()
+        tokenizer = engine.tokenizer
+        before = (tokenizer.busy_s, tokenizer.idle_s, tokenizer.free_s, tokenizer.collect_s)
         for _ in range(passes):
             started = time.perf_counter()
             result = await engine.embed(texts)
             runs.append(time.perf_counter() - started)
         main_cpu_s = time.thread_time() - main_cpu_s
+        after = (tokenizer.busy_s, tokenizer.idle_s, tokenizer.free_s, tokenizer.collect_s)
         stop_recording(recorder)
     finally:
         await engine.close()
@@ -112,6 +115,11 @@ async def library_rate(
         "peak_rss_bytes": peak_rss_bytes(os.getpid()),  # the model's load and imports included
         # the event loop's thread: it also feeds the server's devices, one thread for all
         "main_thread_us_per_text": round(1e6 * main_cpu_s / (passes * len(texts)), 1),
+        # shares of the timed passes, as the server's are given per pass
+        "tokenizer": {
+            f"{name}_fraction": round((b - a) / sum(runs), 3)
+            for name, a, b in zip(("busy", "idle", "free", "collect"), before, after, strict=True)
+        },
     }
 
 
@@ -324,7 +332,11 @@ def _counters(base_url: str) -> dict[str, dict[str, float]]:
     import httpx
 
     info = httpx.get(base_url.removesuffix("/v1") + "/info", timeout=10).json()
-    counters = {"tokenizer": {"calls": 0, "texts": 0, "busy_s": 0.0, "collect_s": 0.0}}
+    counters = {
+        "tokenizer": {
+            "calls": 0, "texts": 0, "busy_s": 0.0, "collect_s": 0.0, "idle_s": 0.0, "free_s": 0.0,
+        }
+    }  # fmt: skip
     for model in info["models"]:
         for device in model.get("devices", []):
             counters[device["device"]] = {k: device[k] for k in ("batches", "tokens", "busy_s")}
@@ -351,6 +363,9 @@ def _counter_change(
                 "calls": calls,
                 "mean_call_texts": round(texts / max(1, calls)),
                 "collect_fraction": round((now["collect_s"] - was["collect_s"]) / seconds, 3),
+                # the tokenizer's thread waiting for texts, and freeing encodings
+                "idle_fraction": round((now["idle_s"] - was["idle_s"]) / seconds, 3),
+                "free_fraction": round((now["free_s"] - was["free_s"]) / seconds, 3),
             }
         else:
             batches = now["batches"] - was["batches"]

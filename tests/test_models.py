@@ -250,6 +250,24 @@ async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_id
 
 
 @pytest.mark.anyio
+async def test_the_tokenizer_thread_counts_its_time_waiting_for_texts(
+    minilm_dir: Path, reference_texts: list[str]
+) -> None:
+    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
+    try:
+        for _ in range(3):  # the thread waits between these, 0.2 s each time
+            async for _ in tokenizer.encode_chunks(reference_texts[:100]):
+                pass
+            await asyncio.sleep(0.2)
+        async for _ in tokenizer.encode_chunks(reference_texts[:100]):
+            pass
+    finally:
+        tokenizer.close()
+    assert 0.5 < tokenizer.idle_s < 5
+    assert 0 < tokenizer.free_s < tokenizer.idle_s  # the calls' encodings, between calls
+
+
+@pytest.mark.anyio
 async def test_a_request_keeps_two_chunks_queued_while_it_handles_one(minilm_dir: Path) -> None:
     tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
     queued: list[int] = []  # each chunk's first text, as it is queued

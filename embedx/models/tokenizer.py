@@ -86,6 +86,12 @@ class TextTokenizer:
         self.recut = 0  # cut texts tokenized whole after all (see `_unclean_cuts`)
         self.busy_s = 0.0
         self.collect_s = 0.0  # the collecting thread's, taking ids out (it too can limit)
+        # The tokenizer's thread between calls: waiting for texts, and freeing the last
+        # call's encodings. Whatever of its time is none of these nor a call is spent waiting
+        # for the interpreter lock: a thread that is never idle limits the server even when
+        # its calls take well under all of its time.
+        self.idle_s = 0.0
+        self.free_s = 0.0
 
     async def encode_chunks(
         self, texts: Sequence[str], *, truncate: bool = True
@@ -150,7 +156,9 @@ class TextTokenizer:
             while True:
                 with self._queued:
                     while not self._waiting and not self._closed:
+                        waiting = time.monotonic()
                         self._queued.wait()
+                        self.idle_s += time.monotonic() - waiting
                     # a caller that stopped waiting leaves the call (a racy read, at worst an
                     # unwanted text encoded)
                     batch = [waiter for waiter in self._waiting if not waiter.future.done()]
@@ -160,8 +168,10 @@ class TextTokenizer:
                         for waiter in batch:
                             _hand(waiter, closing)
                         return
+                freeing = time.monotonic()
                 while not spent.empty():
                     spent.get()  # and freed
+                self.free_s += time.monotonic() - freeing
                 if batch:
                     texts = [text for waiter in batch for text in self._cut(waiter.texts)]
                     try:
