@@ -87,9 +87,8 @@ class TextTokenizer:
         self.busy_s = 0.0
         self.collect_s = 0.0  # the collecting thread's, taking ids out (it too can limit)
         # The tokenizer's thread between calls: waiting for texts, and freeing the last
-        # call's encodings. Whatever of its time is none of these nor a call is spent waiting
-        # for the interpreter lock: a thread that is never idle limits the server even when
-        # its calls take well under all of its time.
+        # call's encodings. A thread that seldom waits for texts is what limits, whatever
+        # share of its time the calls take (the rest goes on the interpreter lock).
         self.idle_s = 0.0
         self.free_s = 0.0
 
