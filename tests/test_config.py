@@ -18,7 +18,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert settings.max_request_bytes == 32_000_000
     assert settings.max_batch_tokens == 16384
     assert settings.default_keep_alive_s == 600
-    assert settings.max_concurrent_requests == 8
+    assert settings.max_concurrent_requests == 32
     assert settings.request_queue_timeout_s == 30
     assert settings.max_concurrent_loads == 2
     assert settings.normalize is True
