@@ -97,12 +97,23 @@ async def library_rate(
         main_cpu_s = time.thread_time()
         tokenizer = engine.tokenizer
         before = (tokenizer.busy_s, tokenizer.idle_s, tokenizer.free_s, tokenizer.collect_s)
+        slots = [worker.slot for worker in engine.workers]
+        launched = [(slot.batches_done, slot.launching_s) for slot in slots]
         for _ in range(passes):
             started = time.perf_counter()
             result = await engine.embed(texts)
             runs.append(time.perf_counter() - started)
         main_cpu_s = time.thread_time() - main_cpu_s
         after = (tokenizer.busy_s, tokenizer.idle_s, tokenizer.free_s, tokenizer.collect_s)
+        launches = {
+            slot.name: {
+                "mean_launch_ms": round(
+                    1000 * (slot.launching_s - was_s) / max(1, slot.batches_done - was_batches), 2
+                ),
+                "launching_fraction": round((slot.launching_s - was_s) / sum(runs), 3),
+            }
+            for slot, (was_batches, was_s) in zip(slots, launched, strict=True)
+        }
         stop_recording(recorder)
     finally:
         await engine.close()
@@ -120,6 +131,7 @@ async def library_rate(
             f"{name}_fraction": round((b - a) / sum(runs), 3)
             for name, a, b in zip(("busy", "idle", "free", "collect"), before, after, strict=True)
         },
+        "devices": launches,
     }
 
 
@@ -339,7 +351,8 @@ def _counters(base_url: str) -> dict[str, dict[str, float]]:
     }  # fmt: skip
     for model in info["models"]:
         for device in model.get("devices", []):
-            counters[device["device"]] = {k: device[k] for k in ("batches", "tokens", "busy_s")}
+            keys = ("batches", "tokens", "busy_s", "launching_s")
+            counters[device["device"]] = {k: device[k] for k in keys}
         tokenizer = model.get("tokenizer", {})
         for key in counters["tokenizer"]:  # /info shows settings there too: sum only these
             counters["tokenizer"][key] += tokenizer.get(key, 0)
@@ -370,9 +383,14 @@ def _counter_change(
         else:
             batches = now["batches"] - was["batches"]
             tokens = now["tokens"] - was["tokens"]
+            launching = now["launching_s"] - was["launching_s"]
             change[name] = {
                 "batches": batches,
                 "mean_batch_tokens": round(tokens / max(1, batches)),
+                # the loop's time in launches: a launch waits for the interpreter lock at
+                # each torch call while another thread holds it
+                "mean_launch_ms": round(1000 * launching / max(1, batches), 2),
+                "launching_fraction": round(launching / seconds, 3),
             }
         change[name]["busy_fraction"] = round((now["busy_s"] - was["busy_s"]) / seconds, 3)
     return change

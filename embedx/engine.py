@@ -669,6 +669,7 @@ class Engine:
                     "tokens": w.slot.tokens_done,
                     "batches": w.slot.batches_done,
                     "busy_s": round(w.slot.busy_s, 3),
+                    "launching_s": round(w.slot.launching_s, 4),  # host seconds, all launches
                     "padding_rows": w.padding_rows,
                 }
                 for w in self.workers

@@ -133,6 +133,9 @@ class DeviceSlot:
     # Seconds a launch holds the host's one event-loop thread, which every device's launches
     # and the tokenizer's hand-offs share: device time alone misses it (see `_tail_target`).
     launch_s: float = 0.0
+    # All launches' seconds: under load a launch also waits for the interpreter lock at each
+    # of its torch calls, so this share of the loop's time shows how contended the host is.
+    launching_s: float = 0.0
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -142,6 +145,7 @@ class DeviceSlot:
     def observe_launch(self, seconds: float) -> None:
         """Record what launching one batch cost the host (a moving average)."""
         self.launch_s = 0.8 * self.launch_s + 0.2 * seconds if self.launch_s else seconds
+        self.launching_s += seconds
 
     def effective_rate(self) -> float:
         return self.speed.effective_rate(self.budget)

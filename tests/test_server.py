@@ -372,6 +372,7 @@ def test_info_shows_settings_devices_counters_and_models(server: Server) -> None
     assert model["devices"][0]["dtype"] == "float32"
     assert model["devices"][0]["time_spread"] >= 0
     assert model["devices"][0]["padding_rows"] == 0  # the CPU runs each batch's exact rows
+    assert model["devices"][0]["launching_s"] > 0
     assert model["tokenizer"]["calls"] >= 1
     assert model["tokenizer"]["busy_s"] > 0
     for key in ("collect_s", "idle_s", "free_s"):  # in ms, rounded: too few texts here to show
