@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from embedx import heap
 from embedx.engine import EmbedOptions, Engine
 from embedx.errors import EmptyInput, InputTooLong, InvalidInput, UnsupportedDimensions
 from tests.conftest import DATA, SlowForward
@@ -357,7 +358,10 @@ async def test_requests_sharing_a_batch_each_get_the_rows_they_asked_for(
 async def test_a_loaded_model_leaves_the_collectors_scans_until_it_closes(
     make_engine: Callable[..., Any],
 ) -> None:
+    threshold = gc.get_threshold()
     async with make_engine(("cpu",)) as engine:
         assert gc.get_freeze_count() > 0, "the heap is scanned in full on every collection"
+        assert gc.get_threshold() == (heap.YOUNG_OBJECTS, *threshold[1:])
         await engine.close()
         assert gc.get_freeze_count() == 0, "a closed model's cycles would never be collected"
+        assert gc.get_threshold() == threshold
