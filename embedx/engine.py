@@ -245,7 +245,10 @@ class DeviceWorker:
                     self._failed(claim, exc)
                     continue
                 inflight.pop(0)
-                self._deliver(batch, output, seconds)
+                try:
+                    self._deliver(batch, output, seconds)
+                except Exception as exc:  # its rows could not be written: a failed batch
+                    self._failed(claim, exc)
         finally:
             # Cancelled or quarantined: what this worker still holds goes back to the queue.
             for batch in inflight:

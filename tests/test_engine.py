@@ -223,6 +223,35 @@ async def test_when_every_device_fails_the_request_gets_an_error_not_a_hang(
             await engine.embed(["a", "b", "c"])
 
 
+async def test_a_batch_whose_rows_fail_to_be_written_runs_again_and_the_worker_lives_on(
+    make_engine: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+    reference_texts: list[str],
+    st_reference: np.ndarray,
+) -> None:
+    from embedx import engine as engine_module
+
+    write = engine_module.write_batch
+    failures = 0
+
+    def fails_once(*args: Any) -> None:
+        nonlocal failures
+        if not failures:
+            failures += 1
+            raise MemoryError("no room for the rows (injected)")
+        write(*args)
+
+    async with make_engine(("cpu",)) as engine:
+        monkeypatch.setattr(engine_module, "write_batch", fails_once)
+        # before, the worker's task died with the error and the request waited forever
+        result = await asyncio.wait_for(engine.embed(reference_texts[:50]), 60)
+        again = await asyncio.wait_for(engine.embed(reference_texts[50:60]), 60)
+        assert engine.workers[0].slot.active
+    assert failures == 1
+    assert np.abs(result.vectors - st_reference[:50]).max() < 1e-5
+    assert np.abs(again.vectors - st_reference[50:60]).max() < 1e-5
+
+
 async def test_a_request_that_fails_stops_tokenizing_its_other_texts(
     make_engine: Callable[..., Any], reference_texts: list[str]
 ) -> None:
