@@ -26,8 +26,8 @@ single)
     python3 summarize.py "$out/throughput-$model.json"
   done
   # MiniLM runs vary by up to 10% from one to the next: 31 runs, and a second engine on the
-  # GPU alone (--control) shows how far two identical engines differ
-  for model in ${MIXED:-minilm bert-large}; do
+  # GPU alone (--control) shows how far two identical engines differ; MIXED="" skips them
+  for model in ${MIXED-minilm bert-large}; do
     runs=$([ "$model" = minilm ] && echo 31 || echo 9)
     timeout 300 $cores python3 mixed.py $model --devices 0,cpu --runs $runs --control --out "$out/mixed-$model-gpu-cpu.json" \
       >"$out/mixed-$model-gpu-cpu.log" 2>&1

@@ -159,7 +159,7 @@ async def run_embedx(
         sizes = batch_size_change(engine, sizes_before, len(runs))
         for device in described["devices"]:
             device["batches_by_tokens"] = sizes[device["device"]]
-            for key in ("tokens", "batches", "busy_s"):
+            for key in ("tokens", "batches", "busy_s", "launching_s"):
                 change = (device[key] - before[device["device"]][key]) / len(runs)
                 device[key] = round(change, 3)
             device["token_share"] = round(device["tokens"] / result.tokens, 4)
