@@ -106,12 +106,9 @@ async def library_rate(
         main_cpu_s = time.thread_time() - main_cpu_s
         after = (tokenizer.busy_s, tokenizer.idle_s, tokenizer.free_s, tokenizer.collect_s)
         launches = {
-            slot.name: {
-                "mean_launch_ms": round(
-                    1000 * (slot.launching_s - was_s) / max(1, slot.batches_done - was_batches), 2
-                ),
-                "launching_fraction": round((slot.launching_s - was_s) / sum(runs), 3),
-            }
+            slot.name: launch_figures(
+                slot.launching_s - was_s, slot.batches_done - was_batches, sum(runs)
+            )
             for slot, (was_batches, was_s) in zip(slots, launched, strict=True)
         }
         stop_recording(recorder)
@@ -338,6 +335,15 @@ def peak_rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
 
 
+def launch_figures(launching_s: float, batches: int, seconds: float) -> dict[str, float]:
+    """The mean launch and the share of `seconds` the event loop spent launching: a launch
+    waits for the interpreter lock at each torch call while another thread holds it."""
+    return {
+        "mean_launch_ms": round(1000 * launching_s / max(1, batches), 2),
+        "launching_fraction": round(launching_s / seconds, 3),
+    }
+
+
 def _counters(base_url: str) -> dict[str, dict[str, float]]:
     """Each device's batches, tokens and busy seconds so far, and the tokenizer's calls,
     texts, busy seconds and seconds taking ids out, from the server's /info."""
@@ -383,14 +389,10 @@ def _counter_change(
         else:
             batches = now["batches"] - was["batches"]
             tokens = now["tokens"] - was["tokens"]
-            launching = now["launching_s"] - was["launching_s"]
             change[name] = {
                 "batches": batches,
                 "mean_batch_tokens": round(tokens / max(1, batches)),
-                # the loop's time in launches: a launch waits for the interpreter lock at
-                # each torch call while another thread holds it
-                "mean_launch_ms": round(1000 * launching / max(1, batches), 2),
-                "launching_fraction": round(launching / seconds, 3),
+                **launch_figures(now["launching_s"] - was["launching_s"], batches, seconds),
             }
         change[name]["busy_fraction"] = round((now["busy_s"] - was["busy_s"]) / seconds, 3)
     return change
