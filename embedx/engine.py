@@ -12,7 +12,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +67,14 @@ def _write_rows(job: Job, indices: np.ndarray, rows: np.ndarray, form: RowForm) 
     if job.form.unit and not form.unit:
         rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
     job.out[indices] = base64_rows.encode_on_host(rows) if job.form.base64 else rows
+
+
+def _base64_out(options: EmbedOptions, count: int, dimensions: int) -> np.ndarray:
+    """The array a request's base64 rows are written into (`EmbedOptions.base64_out`)."""
+    width = base64_rows.width(dimensions)
+    if options.base64_out is None:
+        return np.empty((count, width), np.uint8)
+    return options.base64_out(count, width)
 
 
 def _sole_job(items: Sequence[Item]) -> Job | None:
@@ -135,11 +143,15 @@ class EmbedOptions:
     truncate: bool = True  # False: an over-long text is an error, not cut
     input_type: str | None = None  # picks a catalog prompt template: query or passage
     base64: bool = False  # rows as base64 of their float32 bytes (models/base64_rows.py)
+    # With base64: makes the (N, width) uint8 array the rows are written into, such as a view
+    # into a response laid out around them (server/embeddings.py); None: a new array.
+    base64_out: Callable[[int, int], np.ndarray] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class EmbedResult:
-    # (N, D) float32 in the caller's order; with `base64`, (N, width(D)) uint8 ASCII
+    # (N, D) float32 in the caller's order; with `base64`, (N, width(D)) uint8 ASCII, in the
+    # array `base64_out` made if one was given
     vectors: np.ndarray
     tokens: int
     truncated: int
@@ -545,7 +557,7 @@ class Engine:
             base64=full_width and options.base64,
         )
         if job.form.base64:
-            job.out = np.empty((len(texts), base64_rows.width(self.dimensions)), np.uint8)
+            job.out = _base64_out(options, len(texts), self.dimensions)
         else:
             job.out = np.empty((len(texts), self.dimensions), np.float32)
         self._jobs_in_flight += 1
@@ -573,7 +585,9 @@ class Engine:
                 model_normalizes=self.files.normalizes,
             )
             if options.base64:
-                vectors = base64_rows.encode_on_host(vectors)
+                encoded = _base64_out(options, len(vectors), vectors.shape[1])
+                encoded[:] = base64_rows.encode_on_host(vectors)
+                vectors = encoded
         now = time.monotonic()
         self.latency.observe(now - started)
         return EmbedResult(vectors, job.tokens, truncated, submitted - started, now - started)

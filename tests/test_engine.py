@@ -358,6 +358,32 @@ async def test_base64_rows_are_the_float_rows_encoded(
     assert np.array_equal(decoded(narrow.vectors), narrow_floats)
 
 
+async def test_base64_rows_are_written_into_the_callers_array(
+    make_engine: Callable[..., Any], reference_texts: list[str]
+) -> None:
+    texts = reference_texts[:30]
+    made: list[np.ndarray] = []
+
+    def into(count: int, width: int) -> np.ndarray:
+        lines = np.zeros((count, width + 2), np.uint8)  # a column of a wider array
+        made.append(lines)
+        return lines[:, 1:-1]
+
+    async with make_engine(("cpu",)) as engine:
+        floats = (await engine.embed(texts)).vectors
+        full = await engine.embed(texts, EmbedOptions(base64=True, base64_out=into))
+        narrow = await engine.embed(
+            texts, EmbedOptions(base64=True, dimensions=64, base64_out=into)
+        )
+        narrow_floats = (await engine.embed(texts, EmbedOptions(dimensions=64))).vectors
+    assert [lines.shape for lines in made] == [(30, 2050), (30, 346)]
+    assert np.array_equal(decoded(made[0][:, 1:-1]), floats)
+    assert np.array_equal(decoded(made[1][:, 1:-1]), narrow_floats)
+    assert np.shares_memory(full.vectors, made[0])
+    assert np.shares_memory(narrow.vectors, made[1])
+    assert not made[0][:, [0, -1]].any(), "written outside the column it was given"
+
+
 async def test_requests_sharing_a_batch_each_get_the_rows_they_asked_for(
     make_engine: Callable[..., Any], tiny_models: dict[str, Path], reference_texts: list[str]
 ) -> None:

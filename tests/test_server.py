@@ -168,14 +168,17 @@ def test_a_long_response_keeps_its_content_length(
 @pytest.mark.parametrize("count", [1, 10, 11, 100, 1234])  # indices of 1 to 4 digits
 def test_base64_items_frame_every_row_as_json(count: int) -> None:
     from embedx.models.base64_rows import encode_on_host
-    from embedx.server.embeddings import base64_items
+    from embedx.server.embeddings import Base64Items
 
     rows = np.random.default_rng(0).standard_normal((count, 8)).astype(np.float32)
-    body = b"".join((b"[", *base64_items(encode_on_host(rows)), b"]"))
-    items = json.loads(body)
-    assert [item["index"] for item in items] == list(range(count))
-    assert {item["object"] for item in items} == {"embedding"}
-    got = [np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in items]
+    items = Base64Items()
+    items(count, 44)[:] = encode_on_host(rows)  # 8 float32: 32 bytes, 44 characters
+    response = json.loads(items.body(b'"model":"m"}'))
+    assert response["model"] == "m"
+    assert response["object"] == "list"
+    assert [item["index"] for item in response["data"]] == list(range(count))
+    assert {item["object"] for item in response["data"]} == {"embedding"}
+    got = [np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in response["data"]]
     assert np.array_equal(np.stack(got), rows)
 
 

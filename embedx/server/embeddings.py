@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,9 @@ from embedx.server.state import ServerState
 from embedx.server.validation import EmbedRequest, parse_openai, parse_tei
 
 
-async def _run(state: ServerState, request: EmbedRequest) -> EmbedResult:
+async def _run(
+    state: ServerState, request: EmbedRequest, base64_items: Base64Items | None = None
+) -> EmbedResult:
     """Wait for a slot, lease the model (loading it on first use), embed."""
     options = EmbedOptions(
         dimensions=request.dimensions,
@@ -24,6 +27,7 @@ async def _run(state: ServerState, request: EmbedRequest) -> EmbedResult:
         truncate=request.truncate,
         input_type=request.input_type,
         base64=request.base64,
+        base64_out=base64_items,
     )
     async with state.admission.slot(), state.registry.lease(request.model, request.load) as engine:
         return await engine.embed(request.texts, options)
@@ -31,48 +35,65 @@ async def _run(state: ServerState, request: EmbedRequest) -> EmbedResult:
 
 async def create_embeddings(state: ServerState, http: Request) -> Response:
     request = parse_openai(await http.read() or b"", state.settings.max_request_items)
-    result = await _run(state, request)
-    usage = {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
     if not request.base64:
+        result = await _run(state, request)
         data = [{"object": "embedding", "index": i, "embedding": row}
                 for i, row in enumerate(result.vectors)]  # fmt: skip
-        payload = {"object": "list", "data": data, "model": request.model, "usage": usage}
+        payload = {"object": "list", "data": data, "model": request.model, "usage": _usage(result)}
         return json_response(payload, headers=_timing(result))
-    # The SDK's default, and the bulk of a busy server's responses: the engine hands back
-    # each row as base64 already (made on the device), and the items are written around them
-    # with a few array copies, not a Python object per row.
-    rest = orjson.dumps({"model": request.model, "usage": usage})  # {"model":...,"usage":...}
-    body = b"".join((b'{"object":"list","data":[', *base64_items(result.vectors), b"],", rest[1:]))
-    return json_bytes_response(body, headers=_timing(result))
+    # The SDK's default, and the bulk of a busy server's responses: the engine writes each
+    # row's base64 (made on the device) straight into its item of the response, laid out
+    # before the rows exist, not a Python object per row.
+    items = Base64Items()
+    result = await _run(state, request, items)
+    rest = orjson.dumps({"model": request.model, "usage": _usage(result)})
+    return json_bytes_response(items.body(rest[1:]), headers=_timing(result))
 
 
-ITEM_HEAD = np.frombuffer(b'{"object":"embedding","index":', np.uint8)
-ITEM_MID = np.frombuffer(b',"embedding":"', np.uint8)
+def _usage(result: EmbedResult) -> dict[str, int]:
+    return {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
+
+
+ITEM_HEAD = b'{"object":"embedding","index":'
+ITEM_MID = b',"embedding":"'
 ITEM_END = np.frombuffer(b'"},', np.uint8)
-_ITEM_FRAME = len(ITEM_HEAD) + len(ITEM_MID) + len(ITEM_END)
 
 
-def base64_items(rows: np.ndarray) -> list[memoryview]:
-    """The `data` list's items, comma-separated, around (N, L) uint8 rows of base64: a
-    fixed-width array for the rows whose indices have as many digits (0-9, 10-99, ...)."""
-    blocks = []
-    start, digits = 0, 1
-    while start < len(rows):
-        stop = min(len(rows), 10**digits)
-        block = np.empty((stop - start, _ITEM_FRAME + digits + rows.shape[1]), np.uint8)
-        at = len(ITEM_HEAD)
-        block[:, :at] = ITEM_HEAD
-        index = np.arange(start, stop)
-        for power in range(digits - 1, -1, -1):  # the most significant digit first
-            block[:, at] = ord("0") + index // 10**power % 10
-            at += 1
-        block[:, at : at + len(ITEM_MID)] = ITEM_MID
-        block[:, at + len(ITEM_MID) : -len(ITEM_END)] = rows[start:stop]
-        block[:, -len(ITEM_END) :] = ITEM_END
-        blocks.append(block.reshape(-1).data)
-        start, digits = stop, digits + 1
-    blocks[-1] = blocks[-1][:-1]  # no comma after the last item
-    return blocks
+class Base64Items:
+    """The `data` list of a base64 response, one fixed-width line of bytes per item, made
+    before the rows exist: called as `EmbedOptions.base64_out`, it hands the engine the column
+    each row's base64 goes in, so a row is copied once from the device's buffer to the body.
+
+    An index with fewer digits than the last is preceded by spaces, between the items, so
+    that every row's base64 starts in the same column."""
+
+    def __init__(self) -> None:
+        self._lines: np.ndarray | None = None
+
+    def __call__(self, count: int, width: int) -> np.ndarray:
+        heads = _item_heads(count)
+        row_start = heads.shape[1]
+        lines = np.empty((count, row_start + width + len(ITEM_END)), np.uint8)
+        lines[:, :row_start] = heads
+        lines[:, -len(ITEM_END) :] = ITEM_END
+        self._lines = lines
+        return lines[:, row_start : row_start + width]
+
+    def body(self, rest: bytes) -> bytes:
+        """The response: the items, then `rest`, the fields after `data` (from `"model"` on,
+        with the closing brace)."""
+        assert self._lines is not None, "the engine wrote no rows"
+        items = self._lines.reshape(-1).data[:-1]  # no comma after the last item
+        return b"".join((b'{"object":"list","data":[', items, b"],", rest))
+
+
+@functools.lru_cache(maxsize=8)  # requests mostly come in a few sizes
+def _item_heads(count: int) -> np.ndarray:
+    """What precedes each of `count` items' base64, padded to one width."""
+    digits = len(str(count - 1))
+    heads = [f"{ITEM_HEAD.decode()}{i}{ITEM_MID.decode()}".rjust(
+        digits + len(ITEM_HEAD) + len(ITEM_MID)).encode() for i in range(count)]  # fmt: skip
+    return np.frombuffer(b"".join(heads), np.uint8).reshape(count, -1)
 
 
 async def embed_tei(state: ServerState, http: Request) -> Response:
