@@ -23,6 +23,7 @@ from embedx.errors import (
     UnsupportedDimensions,
     UnverifiableWeights,
 )
+from embedx.models import tokenizer as tokenizer_module
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.loader import EmbeddingModel, resolve_dtype
 from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, token_rows
@@ -247,6 +248,39 @@ async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_id
     assert tokenizer.texts >= sum(map(len, parts))
     assert tokenizer.busy_s > 0
     assert tokenizer.collect_s > 0
+
+
+@pytest.mark.anyio
+async def test_callers_queued_together_are_encoded_over_calls_of_whole_callers(
+    minilm_dir: Path, reference_texts: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tokenizer_module, "CALL_TEXTS", 100)
+    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
+    sizes: list[int] = []
+    encode = tokenizer._tokenizer.encode_batch_fast
+
+    def counted(texts: list[str]) -> Any:
+        sizes.append(len(texts))
+        return encode(texts)
+
+    tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=counted)  # type: ignore[assignment]
+    parts = [reference_texts[i * 40 : (i + 1) * 40] for i in range(6)]
+
+    async def ids(texts: list[str]) -> list[list[int]]:
+        got: list[list[int]] = []
+        async for _, encoded in tokenizer.encode_chunks(texts):
+            got += [view.tolist() for view in encoded.views()]
+        return got
+
+    try:
+        results = await asyncio.gather(*(ids(p) for p in parts))
+    finally:
+        tokenizer.close()
+    for part, got in zip(parts, results, strict=True):
+        assert got == [e.ids for e in encode_all(minilm_dir, part)]
+    assert sum(sizes) == 240
+    assert sizes
+    assert set(sizes) <= {40, 80}  # two callers of 40 at most: a third would pass 100
 
 
 @pytest.mark.anyio
