@@ -1,7 +1,8 @@
 """Texts to token ids with the model's fast tokenizer: truncation (counted), texts far longer
 than the model reads cut at a space first, and batch encoding off the event loop on a thread
-of its own, one call at a time, shared by the requests that queue texts while it runs; a
-second thread takes the ids out of each call while the next runs, so the loop gets arrays."""
+of its own, one call at a time, shared (up to CALL_TEXTS texts) by the requests that queue
+texts while it runs; a second thread takes the ids out of each call while the next runs, so
+the loop gets arrays."""
 
 from __future__ import annotations
 
