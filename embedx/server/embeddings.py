@@ -90,10 +90,9 @@ class Base64Items:
 @functools.lru_cache(maxsize=8)  # requests mostly come in a few sizes
 def _item_heads(count: int) -> np.ndarray:
     """What precedes each of `count` items' base64, padded to one width."""
-    digits = len(str(count - 1))
-    heads = [f"{ITEM_HEAD.decode()}{i}{ITEM_MID.decode()}".rjust(
-        digits + len(ITEM_HEAD) + len(ITEM_MID)).encode() for i in range(count)]  # fmt: skip
-    return np.frombuffer(b"".join(heads), np.uint8).reshape(count, -1)
+    width = len(ITEM_HEAD) + len(str(count - 1)) + len(ITEM_MID)
+    heads = b"".join((b"%s%d%s" % (ITEM_HEAD, i, ITEM_MID)).rjust(width) for i in range(count))
+    return np.frombuffer(heads, np.uint8).reshape(count, width)
 
 
 async def embed_tei(state: ServerState, http: Request) -> Response:
