@@ -209,42 +209,50 @@ def test_a_tokenizer_that_does_not_split_at_spaces_never_cuts(tmp_path: Path) ->
     assert TextTokenizer(ModelFiles(tmp_path, (), {}), 16).cut_at is None
 
 
+def count_calls(tokenizer: TextTokenizer) -> list[int]:
+    """The texts of each of the tokenizer's calls, from now on."""
+    sizes: list[int] = []
+    encode = tokenizer._tokenizer.encode_batch_fast
+
+    def counted(texts: list[str]) -> Any:
+        sizes.append(len(texts))
+        return encode(texts)
+
+    tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=counted)  # type: ignore[assignment]
+    return sizes
+
+
+async def all_ids(tokenizer: TextTokenizer, texts: list[str]) -> list[list[int]]:
+    got: list[list[int]] = []
+    async for _, encoded in tokenizer.encode_chunks(texts):
+        got += [view.tolist() for view in encoded.views()]
+    return got
+
+
 @pytest.mark.anyio
 async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_ids(
     minilm_dir: Path, reference_texts: list[str]
 ) -> None:
     tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
-    calls = 0
-    encode = tokenizer._tokenizer.encode_batch_fast
-
-    def counted(texts: list[str]) -> Any:
-        nonlocal calls
-        calls += 1
-        return encode(texts)
-
-    tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=counted)  # type: ignore[assignment]
+    sizes = count_calls(tokenizer)
     parts = [reference_texts[i * 40 : (i + 1) * 40] for i in range(6)]
-
-    async def ids(texts: list[str]) -> list[list[int]]:
-        got: list[list[int]] = []
-        async for _, encoded in tokenizer.encode_chunks(texts):
-            got += [view.tolist() for view in encoded.views()]
-        return got
 
     async def stops_early(texts: list[str]) -> None:
         async for _ in tokenizer.encode_chunks(texts):
             raise RuntimeError("the caller gave up")
 
     results = await asyncio.gather(
-        stops_early(reference_texts[:2000]), *(ids(p) for p in parts), return_exceptions=True
+        stops_early(reference_texts[:2000]),
+        *(all_ids(tokenizer, p) for p in parts),
+        return_exceptions=True,
     )
     assert isinstance(results[0], RuntimeError)
     for part, got in zip(parts, results[1:], strict=True):
         assert got == [e.ids for e in encode_all(minilm_dir, part)]
     # the first call held the early caller's first chunk; the six came in while it ran, and
     # shared the next one
-    assert calls <= 3
-    assert tokenizer.calls == calls  # what /info reports
+    assert len(sizes) <= 3
+    assert tokenizer.calls == len(sizes)  # what /info reports
     assert tokenizer.texts >= sum(map(len, parts))
     assert tokenizer.busy_s > 0
     assert tokenizer.collect_s > 0
@@ -256,24 +264,10 @@ async def test_callers_queued_together_are_encoded_over_calls_of_whole_callers(
 ) -> None:
     monkeypatch.setattr(tokenizer_module, "CALL_TEXTS", 100)
     tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
-    sizes: list[int] = []
-    encode = tokenizer._tokenizer.encode_batch_fast
-
-    def counted(texts: list[str]) -> Any:
-        sizes.append(len(texts))
-        return encode(texts)
-
-    tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=counted)  # type: ignore[assignment]
+    sizes = count_calls(tokenizer)
     parts = [reference_texts[i * 40 : (i + 1) * 40] for i in range(6)]
-
-    async def ids(texts: list[str]) -> list[list[int]]:
-        got: list[list[int]] = []
-        async for _, encoded in tokenizer.encode_chunks(texts):
-            got += [view.tolist() for view in encoded.views()]
-        return got
-
     try:
-        results = await asyncio.gather(*(ids(p) for p in parts))
+        results = await asyncio.gather(*(all_ids(tokenizer, p) for p in parts))
     finally:
         tokenizer.close()
     for part, got in zip(parts, results, strict=True):
