@@ -31,10 +31,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from common import DEFAULT_CORPUS, SPY_RATE, environment, load_corpus, write_json
 from throughput import model_directory
+
+if TYPE_CHECKING:
+    from embedx.engine import Engine
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -67,16 +70,14 @@ def stop_recording(recorder: subprocess.Popen[bytes] | None) -> None:
         recorder.wait(60)
 
 
-async def library_rate(
-    model: str,
-    pooling: str | None,
-    texts: list[str],
-    tokens: int,
-    passes: int,
-    py_spy: str | None,
-    spy_flags: list[str],
-) -> dict[str, Any]:
-    """The median of `passes` timed `embed` calls over every text, after a warm-up one."""
+def repeated_texts(corpus: list[str], count: int) -> list[str]:
+    """`count` texts: the corpus's, over again as often as that takes."""
+    texts = load_corpus(corpus, repeat=1)
+    return (texts * -(-count // len(texts)))[:count]
+
+
+async def open_engine(model: str, pooling: str | None, tokens: int) -> Engine:
+    """The model on every device, as the server loads it, with `tokens` a batch at most."""
     from embedx.config import load_settings
     from embedx.devices import discover, open_accelerator
     from embedx.engine import Engine
@@ -89,7 +90,20 @@ async def library_rate(
     registry = ModelRegistry(settings, catalog, discover(settings), open_accelerator)
     spec = registry.spec_for(model, LoadRequest(pooling=pooling))
     accelerators = [open_accelerator(d) for d in registry.devices]
-    engine = await Engine.load(spec, resolve(spec.source), accelerators, registry.engine_options())
+    return await Engine.load(spec, resolve(spec.source), accelerators, registry.engine_options())
+
+
+async def library_rate(
+    model: str,
+    pooling: str | None,
+    texts: list[str],
+    tokens: int,
+    passes: int,
+    py_spy: str | None,
+    spy_flags: list[str],
+) -> dict[str, Any]:
+    """The median of `passes` timed `embed` calls over every text, after a warm-up one."""
+    engine = await open_engine(model, pooling, tokens)
     try:
         await engine.embed(texts)  # warm-up, as the server gets
         recorder = record_stacks(os.getpid(), py_spy, spy_flags) if py_spy else None
@@ -497,9 +511,7 @@ def main() -> None:
     args = parser.parse_args()
     pin_cores(args.server_cores)  # the library runs here; the server inherits it
     server_cores = os.sched_getaffinity(0)
-    corpus = load_corpus(args.corpus, repeat=1)
-    wanted = args.requests * args.batch  # the corpus over again as often as that takes
-    texts = (corpus * -(-wanted // len(corpus)))[:wanted]
+    texts = repeated_texts(args.corpus, args.requests * args.batch)
     batches = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
     with tempfile.TemporaryDirectory() as workdir:
         model, pooling = args.model, None

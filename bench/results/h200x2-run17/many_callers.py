@@ -16,35 +16,18 @@ import time
 from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.getcwd())
-from common import DEFAULT_CORPUS, load_corpus
-from load import MINILM
+from common import DEFAULT_CORPUS
+from load import MINILM, open_engine, repeated_texts
 
 REQUESTS, BATCH, CALLERS = int(os.environ.get("REQUESTS", 800)), 256, 64
 
 
 async def main() -> object:
-    from embedx.config import load_settings
-    from embedx.devices import discover, open_accelerator
-    from embedx.engine import EmbedOptions, Engine
-    from embedx.models.catalog import load_catalog
-    from embedx.models.source import resolve
-    from embedx.registry import LoadRequest, ModelRegistry
+    from embedx.engine import EmbedOptions
 
     os.sched_setaffinity(0, set(range(int(os.environ.get("LIBRARY_CORES", 16)))))
-    corpus = load_corpus(list(DEFAULT_CORPUS), repeat=1)
-    wanted = REQUESTS * BATCH
-    texts = (corpus * -(-wanted // len(corpus)))[:wanted]
-    settings = load_settings({"max_batch_tokens": 262144})
-    registry = ModelRegistry(
-        settings, load_catalog(settings.models_file), discover(settings), open_accelerator
-    )
-    spec = registry.spec_for(MINILM, LoadRequest())
-    engine = await Engine.load(
-        spec,
-        resolve(spec.source),
-        [open_accelerator(d) for d in registry.devices],
-        registry.engine_options(),
-    )
+    texts = repeated_texts(list(DEFAULT_CORPUS), REQUESTS * BATCH)
+    engine = await open_engine(MINILM, None, 262144)
 
     async def one_call() -> tuple[int, list[float]]:
         result = await engine.embed(texts)

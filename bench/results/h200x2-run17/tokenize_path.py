@@ -17,8 +17,8 @@ import time
 from contextvars import ContextVar
 
 sys.path.insert(0, os.getcwd())
-from common import DEFAULT_CORPUS, load_corpus
-from load import MINILM
+from common import DEFAULT_CORPUS
+from load import MINILM, open_engine, repeated_texts
 
 import embedx.models.tokenizer as tok
 
@@ -83,28 +83,11 @@ STEPS = ["queued", "encode_start", "encode_end", "handed", "settled"]
 
 
 async def main() -> object:
-    from embedx.config import load_settings
-    from embedx.devices import discover, open_accelerator
-    from embedx.engine import EmbedOptions, Engine
-    from embedx.models.catalog import load_catalog
-    from embedx.models.source import resolve
-    from embedx.registry import LoadRequest, ModelRegistry
+    from embedx.engine import EmbedOptions
 
     os.sched_setaffinity(0, set(range(int(os.environ.get("LIBRARY_CORES", 16)))))
-    corpus = load_corpus(list(DEFAULT_CORPUS), repeat=1)
-    wanted = int(os.environ.get("REQUESTS", 800)) * 256
-    texts = (corpus * -(-wanted // len(corpus)))[:wanted]
-    settings = load_settings({"max_batch_tokens": 262144})
-    registry = ModelRegistry(
-        settings, load_catalog(settings.models_file), discover(settings), open_accelerator
-    )
-    spec = registry.spec_for(MINILM, LoadRequest())
-    engine = await Engine.load(
-        spec,
-        resolve(spec.source),
-        [open_accelerator(d) for d in registry.devices],
-        registry.engine_options(),
-    )
+    texts = repeated_texts(list(DEFAULT_CORPUS), int(os.environ.get("REQUESTS", 800)) * 256)
+    engine = await open_engine(MINILM, None, 262144)
     rows = []
 
     async def callers(count: int) -> float:
