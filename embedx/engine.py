@@ -77,6 +77,15 @@ def _base64_out(options: EmbedOptions, count: int, dimensions: int) -> np.ndarra
     return options.base64_out(count, width)
 
 
+def _placed(options: EmbedOptions, encoded: np.ndarray) -> np.ndarray:
+    """Rows encoded on the host, in the caller's array if it gave one (`base64_out`)."""
+    if options.base64_out is None:
+        return encoded
+    out = options.base64_out(*encoded.shape)
+    out[:] = encoded
+    return out
+
+
 def _sole_job(items: Sequence[Item]) -> Job | None:
     """The one request every text of a batch belongs to (the common case), or None."""
     first = items[0].job
@@ -585,9 +594,7 @@ class Engine:
                 model_normalizes=self.files.normalizes,
             )
             if options.base64:
-                encoded = _base64_out(options, len(vectors), vectors.shape[1])
-                encoded[:] = base64_rows.encode_on_host(vectors)
-                vectors = encoded
+                vectors = _placed(options, base64_rows.encode_on_host(vectors))
         now = time.monotonic()
         self.latency.observe(now - started)
         return EmbedResult(vectors, job.tokens, truncated, submitted - started, now - started)
