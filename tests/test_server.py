@@ -293,6 +293,20 @@ def test_bad_input_is_a_400_with_a_clear_message(
     assert_envelope(post(server, "/v1/embeddings", json=body), 400, code)
 
 
+def test_a_bad_base64_request_is_a_400_and_the_next_one_gets_its_vectors(
+    server: Server, embedder: Any, reference_texts: list[str]
+) -> None:
+    base64_body = {"model": MINILM_NAME, "encoding_format": "base64"}
+    empty = {**base64_body, "input": ["x", ""]}
+    assert_envelope(post(server, "/v1/embeddings", json=empty), 400, "invalid_input")
+    wide = {**base64_body, "input": "x", "dimensions": 385}  # refused by the engine
+    assert_envelope(post(server, "/v1/embeddings", json=wide), 400, "invalid_dimensions")
+    texts = reference_texts[:12]  # indices of one and two digits
+    data = post(server, "/v1/embeddings", json={**base64_body, "input": texts}).json()["data"]
+    got = np.stack([np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in data])
+    assert np.array_equal(got, embedder.embed(texts))
+
+
 def test_token_ids_are_refused_with_the_langchain_setting_that_sends_them(server: Server) -> None:
     body = {"model": MINILM_NAME, "input": [[101, 2023, 102]]}
     error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, "unsupported_input")
