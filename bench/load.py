@@ -76,7 +76,7 @@ def repeated_texts(corpus: list[str], count: int) -> list[str]:
     return (texts * -(-count // len(texts)))[:count]
 
 
-async def open_engine(model: str, pooling: str | None, tokens: int) -> Engine:
+async def open_served_engine(model: str, pooling: str | None, tokens: int) -> Engine:
     """The model on every device, as the server loads it, with `tokens` a batch at most."""
     from embedx.config import load_settings
     from embedx.devices import discover, open_accelerator
@@ -103,7 +103,7 @@ async def library_rate(
     spy_flags: list[str],
 ) -> dict[str, Any]:
     """The median of `passes` timed `embed` calls over every text, after a warm-up one."""
-    engine = await open_engine(model, pooling, tokens)
+    engine = await open_served_engine(model, pooling, tokens)
     try:
         await engine.embed(texts)  # warm-up, as the server gets
         recorder = record_stacks(os.getpid(), py_spy, spy_flags) if py_spy else None

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.getcwd())
 from common import DEFAULT_CORPUS
-from load import MINILM, open_engine, repeated_texts
+from load import MINILM, open_served_engine, repeated_texts
 
 REQUESTS, BATCH, CALLERS = int(os.environ.get("REQUESTS", 800)), 256, 64
 
@@ -27,7 +27,7 @@ async def main() -> object:
 
     os.sched_setaffinity(0, set(range(int(os.environ.get("LIBRARY_CORES", 16)))))
     texts = repeated_texts(list(DEFAULT_CORPUS), REQUESTS * BATCH)
-    engine = await open_engine(MINILM, None, 262144)
+    engine = await open_served_engine(MINILM, None, 262144)
 
     async def one_call() -> tuple[int, list[float]]:
         result = await engine.embed(texts)

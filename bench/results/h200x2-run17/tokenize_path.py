@@ -18,7 +18,7 @@ from contextvars import ContextVar
 
 sys.path.insert(0, os.getcwd())
 from common import DEFAULT_CORPUS
-from load import MINILM, open_engine, repeated_texts
+from load import MINILM, open_served_engine, repeated_texts
 
 import embedx.models.tokenizer as tok
 
@@ -87,7 +87,7 @@ async def main() -> object:
 
     os.sched_setaffinity(0, set(range(int(os.environ.get("LIBRARY_CORES", 16)))))
     texts = repeated_texts(list(DEFAULT_CORPUS), int(os.environ.get("REQUESTS", 800)) * 256)
-    engine = await open_engine(MINILM, None, 262144)
+    engine = await open_served_engine(MINILM, None, 262144)
     rows = []
 
     async def callers(count: int) -> float:
