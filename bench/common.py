@@ -82,6 +82,7 @@ def environment() -> dict[str, Any]:
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "cpu": cpu_model(),
         "cpu_cores": len(os.sched_getaffinity(0)),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
@@ -96,6 +97,20 @@ def environment() -> dict[str, Any]:
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         info["cuda"] = torch.version.cuda
     return info
+
+
+def cpu_model() -> str | None:
+    """The processor's name, as /proc/cpuinfo gives it: lent hosts of one kind differ in it,
+    and the load figures differ from host to host by more than most changes move them."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return None
 
 
 def batch_sizes(engine: Any) -> dict[str, list[int]]:
