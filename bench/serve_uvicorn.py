@@ -12,18 +12,17 @@ measures what those hand-overs cost. The loop is set up as `embedx serve` sets u
 from __future__ import annotations
 
 import asyncio
-import sys
 
 import uvicorn
 import uvloop
 
 from embedx.config import load_settings
 from embedx.server.app import create_app
+from embedx.server.run import start_tasks_eagerly
 
 
 async def serve() -> None:
-    if sys.version_info >= (3, 12):
-        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
+    start_tasks_eagerly(asyncio.get_running_loop())  # as `embedx serve` does
     settings = load_settings()
     config = uvicorn.Config(
         create_app(settings),
