@@ -52,7 +52,7 @@ class Embedder:
     ) -> Engine:
         from embedx.devices import discover, open_accelerator
         from embedx.models.catalog import load_catalog
-        from embedx.models.source import resolve
+        from embedx.models.source import check_exists, resolve
         from embedx.registry import LoadRequest, ModelRegistry
 
         devices = discover(self.settings)
@@ -61,6 +61,7 @@ class Embedder:
         )
         spec = registry.spec_for(model, LoadRequest(pooling, dtype, max_seq_len))
         if spec.pooling is None:
+            check_exists(spec.source, spec.revision)  # a wrong name is ModelNotFound
             raise PoolingRequired(
                 f"say how {model!r} pools: Embedder({model!r}, pooling='mean' | 'cls' | "
                 "'last_token'). embedx never guesses pooling",

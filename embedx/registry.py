@@ -23,6 +23,7 @@ from embedx.errors import (
 )
 from embedx.models.catalog import ModelSpec, check_dtype
 from embedx.models.pooling import Pooling
+from embedx.models.source import check_exists
 from embedx.telemetry import Histogram
 
 if TYPE_CHECKING:
@@ -128,10 +129,15 @@ class ModelRegistry:
             raise ShuttingDown("the server is shutting down")
         resident = self._models.get(name)
         if resident is not None:
+            if request.dtype is not None:  # ignored once it is loaded, but never wrong
+                check_dtype(request.dtype)
             _asked_pooling(name, resident.spec.pooling, request.pooling)
         else:
             spec = self.spec_for(name, request)
             if spec.pooling is None:
+                # A name that leads nowhere (a typo, an OpenAI model's) is a 404, not a
+                # request to state how a model that does not exist pools.
+                await asyncio.to_thread(check_exists, spec.source, spec.revision)
                 raise PoolingRequired(
                     f"model {name!r} is not loaded and its pooling is unknown: send pooling "
                     "(cls, mean or last_token) with the first request, or add it to the catalog. "

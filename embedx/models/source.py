@@ -3,12 +3,13 @@ and hub; and the gate that lets only safetensors weights through."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embedx.errors import (
     InvalidModel,
@@ -17,6 +18,9 @@ from embedx.errors import (
     PickleOnlyWeights,
     UnverifiableWeights,
 )
+
+if TYPE_CHECKING:
+    from huggingface_hub.hf_api import ModelInfo
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # What a snapshot download fetches: configs, tokenizers and safetensors, never pickles.
@@ -55,10 +59,29 @@ def resolve(source: str, revision: str | None = None) -> ModelFiles:
     local = Path(source).expanduser()
     if local.is_dir():
         return inspect_directory(local.resolve(), origin=str(local))
-    if source.startswith(("/", ".", "~")) or not REPO_ID.match(source):
-        raise ModelNotFound(f"model {source!r} is not a directory and not a Hugging Face repo id")
+    _check_repo_id(source)
     directory, resolved = _hub_snapshot(source, revision)
     return inspect_directory(directory, origin=f"hf:{source}", revision=resolved)
+
+
+def check_exists(source: str, revision: str | None = None) -> None:
+    """Raise ModelNotFound where `source` names nothing this server could load: no package,
+    no directory, not in the Hugging Face cache and (online) not on the hub. Downloads
+    nothing. Asked before a request is told to state a pooling, so that a wrong name (an
+    OpenAI model's, say) is a 404; a hub that cannot be reached leaves the question open."""
+    if source.startswith("package:") or Path(source).expanduser().is_dir():
+        return
+    _check_repo_id(source)
+    if _cached_snapshot(source, revision) is None:
+        with contextlib.suppress(UnverifiableWeights):
+            _hub_info(source, revision)
+
+
+def _check_repo_id(source: str) -> None:
+    if source.startswith(("/", ".", "~")) or not REPO_ID.match(source):
+        raise ModelNotFound(
+            f"model {source!r} is not a directory and not a Hugging Face repo id", param="model"
+        )
 
 
 def _package_directory(module_name: str) -> Path:
@@ -79,40 +102,17 @@ def _package_directory(module_name: str) -> Path:
 def _hub_snapshot(repo_id: str, revision: str | None) -> tuple[Path, str | None]:
     """The repo's files from the local cache, or from the hub when online; weights checked
     on the hub's file list before anything is downloaded."""
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub import snapshot_download
 
-    try:
-        cached = Path(
-            snapshot_download(
-                repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS, local_files_only=True
-            )
-        )
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError):
-        cached = None
+    cached = _cached_snapshot(repo_id, revision)
     if cached is not None and any(cached.rglob("*.safetensors")):
         return cached, cached.name
-    try:
-        info = HfApi().model_info(repo_id, revision=revision)
-    except (RepositoryNotFoundError, GatedRepoError):
-        raise ModelNotFound(f"model {repo_id!r} is not on the Hugging Face hub") from None
-    except RevisionNotFoundError:
-        raise ModelNotFound(f"model {repo_id!r} has no revision {revision!r}") from None
-    except Exception as exc:  # offline, DNS, timeouts: nothing tells us what the weights are
-        raise UnverifiableWeights(
-            f"model {repo_id!r} is not in the local cache and the hub cannot be reached "
-            f"({type(exc).__name__}), so its weights cannot be checked"
-        ) from None
+    info = _hub_info(repo_id, revision)
     names = [s.rfilename for s in info.siblings or []]
     if not any(n.endswith(".safetensors") for n in names):
         if any(n.endswith(PICKLE_SUFFIXES) for n in names):
-            raise PickleOnlyWeights(_pickle_message(repo_id))
-        raise InvalidModel(f"model {repo_id!r} has no weights that embedx can load")
+            raise PickleOnlyWeights(_pickle_message(repo_id), param="model")
+        raise InvalidModel(f"model {repo_id!r} has no weights that embedx can load", param="model")
     try:
         directory = Path(
             snapshot_download(repo_id, revision=info.sha, allow_patterns=ALLOW_PATTERNS)
@@ -120,6 +120,56 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> tuple[Path, str | None]
     except Exception as exc:
         raise ModelUnavailable(f"downloading {repo_id!r} failed: {exc}") from None
     return directory, info.sha
+
+
+def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The repo's snapshot in the local Hugging Face cache, if it is there."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(
+            snapshot_download(
+                repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS, local_files_only=True
+            )
+        )
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+        return None
+
+
+def _hub_info(repo_id: str, revision: str | None) -> ModelInfo:
+    """The repo's metadata from the hub: ModelNotFound if it has no such repo or revision,
+    or if this server is offline by choice (HF_HUB_OFFLINE: no retry will change that)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return HfApi().model_info(repo_id, revision=revision)
+    except (RepositoryNotFoundError, GatedRepoError):
+        raise ModelNotFound(
+            f"model {repo_id!r} is not on the Hugging Face hub", param="model"
+        ) from None
+    except RevisionNotFoundError:
+        raise ModelNotFound(
+            f"model {repo_id!r} has no revision {revision!r}", param="model"
+        ) from None
+    except OfflineModeIsEnabled:
+        raise ModelNotFound(
+            f"model {repo_id!r} is not in this server's catalog, a local directory or its "
+            "Hugging Face cache, and the server is offline (HF_HUB_OFFLINE), so it cannot "
+            "fetch it; GET /v1/models lists the catalog",
+            param="model",
+        ) from None
+    except Exception as exc:  # DNS, timeouts: nothing tells us what the weights are
+        raise UnverifiableWeights(
+            f"model {repo_id!r} is not in the local cache and the hub cannot be reached "
+            f"({type(exc).__name__}), so its weights cannot be checked"
+        ) from None
 
 
 def _pickle_message(name: str) -> str:
@@ -134,7 +184,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidModel(f"{path} cannot be read: {exc}") from None
+        raise InvalidModel(f"{path} cannot be read: {exc}", param="model") from None
 
 
 def _weights(directory: Path, name: str) -> tuple[Path, ...]:
@@ -149,15 +199,17 @@ def _weights(directory: Path, name: str) -> tuple[Path, ...]:
     if found:
         return tuple(found)
     if any(p.suffix in PICKLE_SUFFIXES for p in directory.iterdir()):
-        raise PickleOnlyWeights(_pickle_message(name))
-    raise InvalidModel(f"model {name!r} has no weights in {directory}")
+        raise PickleOnlyWeights(_pickle_message(name), param="model")
+    raise InvalidModel(f"model {name!r} has no weights in {directory}", param="model")
 
 
 def inspect_directory(directory: Path, *, origin: str, revision: str | None = None) -> ModelFiles:
     """Read a model directory's configs and check that every weight file is safetensors."""
     config_path = directory / "config.json"
     if not config_path.is_file():
-        raise InvalidModel(f"{origin} has no config.json: it is not a transformers model")
+        raise InvalidModel(
+            f"{origin} has no config.json: it is not a transformers model", param="model"
+        )
     config = _read_json(config_path)
     weights = _weights(directory, origin)
     dense: list[DenseLayer] = []
@@ -171,14 +223,20 @@ def inspect_directory(directory: Path, *, origin: str, revision: str | None = No
             layer_weights = path / "model.safetensors"
             if not layer_weights.is_file():
                 if any(p.suffix in PICKLE_SUFFIXES for p in path.iterdir()):
-                    raise PickleOnlyWeights(_pickle_message(f"{origin} ({path.name})"))
-                raise InvalidModel(f"{origin}: Dense module {path.name} has no weights")
+                    raise PickleOnlyWeights(
+                        _pickle_message(f"{origin} ({path.name})"), param="model"
+                    )
+                raise InvalidModel(
+                    f"{origin}: Dense module {path.name} has no weights", param="model"
+                )
             activation = str(dense_config.get("activation_function", "identity"))
             dense.append(DenseLayer(layer_weights, activation.rsplit(".", 1)[-1]))
         elif kind == "Normalize":
             normalizes = True
         elif kind not in ("Transformer", "Pooling", ""):
-            raise InvalidModel(f"{origin}: sentence-transformers module {kind} is not supported")
+            raise InvalidModel(
+                f"{origin}: sentence-transformers module {kind} is not supported", param="model"
+            )
     st_config = directory / "sentence_bert_config.json"
     st_max = _read_json(st_config).get("max_seq_length") if st_config.is_file() else None
     return ModelFiles(
