@@ -25,6 +25,7 @@ from embedx.errors import (
     Bug,
     EmptyInput,
     InvalidInput,
+    InvalidOption,
     NoDeviceFits,
     ShuttingDown,
     SmokeTestFailed,
@@ -362,6 +363,12 @@ class Engine:
         if spec.pooling is None:
             raise Bug("a model reached the engine without a pooling")
         limit = max_tokens(files)
+        if spec.max_seq_len is not None and spec.max_seq_len > limit:
+            raise InvalidOption(
+                f"max_seq_len {spec.max_seq_len} is more than model {spec.name!r} can read: "
+                f"its position table holds {limit} tokens",
+                param="max_seq_len",
+            )
         length = min(spec.max_seq_len or files.st_max_seq_len or limit, limit)
         tokenizer = await asyncio.to_thread(TextTokenizer, files, length)
         engine = cls(spec, files, tokenizer, spec.pooling, options)

@@ -212,6 +212,18 @@ def test_tei_embed_returns_bare_vectors(
     assert len(single[0]) == 384
 
 
+def test_tei_truncation_direction_right_or_null_is_accepted_and_left_refused(
+    server: Server,
+) -> None:
+    body: dict[str, Any] = {"model": MINILM_NAME, "inputs": "x"}
+    for direction in (None, "right", "Right"):
+        response = post(server, "/embed", json={**body, "truncation_direction": direction})
+        assert response.status_code == 200, response.text
+    response = post(server, "/embed", json={**body, "truncation_direction": "left"})
+    error = assert_envelope(response, 400, "invalid_option")
+    assert error["param"] == "truncation_direction"
+
+
 def test_tei_truncate_false_refuses_an_over_long_text(server: Server) -> None:
     body = {"model": MINILM_NAME, "inputs": "word " * 400, "truncate": False}
     assert_envelope(post(server, "/embed", json=body), 400, "context_length_exceeded")
@@ -254,7 +266,7 @@ def test_retrieving_an_unknown_model_is_a_404_and_posting_there_a_405(server: Se
     assert_envelope(response, 404, "model_not_found")
     response = post(server, f"/v1/models/{MINILM_NAME}", json={})
     assert_envelope(response, 405, "method_not_allowed")
-    assert response.headers["allow"] == "GET"
+    assert response.headers["allow"] == "GET, HEAD"
     metrics = httpx.get(server.url + "/metrics").text
     assert 'route="/v1/models/{path:model}",method="GET",status="404"' in metrics
 
@@ -278,6 +290,9 @@ def test_malformed_json_is_a_400(server: Server) -> None:
         ({"model": MINILM_NAME, "input": [[101, 2023, 102]]}, "unsupported_input"),
         ({"model": MINILM_NAME, "input": [1, 2, 3]}, "unsupported_input"),
         ({"model": MINILM_NAME, "input": [{"text": "x"}]}, "invalid_input"),
+        ({"model": MINILM_NAME, "input": ["x", 1]}, "invalid_input"),
+        ({"model": MINILM_NAME, "input": [True]}, "invalid_input"),
+        ({"model": MINILM_NAME, "input": [[]]}, "invalid_input"),
         ({"model": MINILM_NAME, "input": ["x"] * 601}, "too_many_items"),
         ({"model": MINILM_NAME, "input": "x", "dimensions": 385}, "invalid_dimensions"),
         ({"model": MINILM_NAME, "input": "x", "dimensions": "64"}, "invalid_option"),
@@ -285,6 +300,7 @@ def test_malformed_json_is_a_400(server: Server) -> None:
         ({"model": MINILM_NAME, "input": "x", "dimension": 64}, "invalid_option"),
         ({"input": "x"}, "invalid_option"),
         ({"model": MINILM_NAME, "input": "x", "pooling": "max"}, "invalid_option"),
+        ({"model": MINILM_NAME, "input": "x", "dtype": "int3"}, "invalid_option"),  # loaded
     ],
 )
 def test_bad_input_is_a_400_with_a_clear_message(
@@ -338,6 +354,13 @@ def test_a_model_that_is_nowhere_is_a_404_with_or_without_pooling(server: Server
         client(server).embeddings.create(model="text-embedding-3-small", input="x")
 
 
+def test_a_max_seq_len_beyond_the_model_is_a_400(server: Server, minilm_dir: Path) -> None:
+    body = {"model": str(minilm_dir), "input": "x", "pooling": "mean", "max_seq_len": 100_000}
+    error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, "invalid_option")
+    assert error["param"] == "max_seq_len"
+    assert "512" in error["message"]
+
+
 def test_pickle_only_weights_are_a_400(server: Server, tmp_path: Path, minilm_dir: Path) -> None:
     shutil.copytree(minilm_dir, tmp_path / "m", ignore=shutil.ignore_patterns("*.safetensors"))
     (tmp_path / "m" / "pytorch_model.bin").write_bytes(b"never unpickled")
@@ -350,6 +373,19 @@ def test_unknown_route_is_a_404_and_wrong_method_a_405(server: Server) -> None:
     response = httpx.get(server.url + "/v1/embeddings")
     assert_envelope(response, 405, "method_not_allowed")
     assert response.headers["allow"] == "POST"
+    response = post(server, "/health", json={})
+    assert_envelope(response, 405, "method_not_allowed")
+    assert response.headers["allow"] == "GET, HEAD"
+
+
+def test_head_is_a_get_without_its_body(server: Server) -> None:
+    for path in ("/health", "/v1/models"):
+        got = httpx.get(server.url + path)
+        head = httpx.head(server.url + path)
+        assert head.status_code == got.status_code == 200
+        assert head.content == b""
+        assert head.headers["content-type"] == got.headers["content-type"]
+        assert int(head.headers["content-length"]) == len(got.content)
 
 
 def test_a_body_over_the_limit_is_a_413_by_length_and_by_stream(server: Server) -> None:
@@ -491,6 +527,10 @@ def test_an_api_key_guards_every_route_but_health(tmp_path: Path) -> None:
         wrong = httpx.get(keyed.url + "/info", headers={"Authorization": "Bearer nope"})
         assert_envelope(wrong, 401, "invalid_api_key")
         assert httpx.get(keyed.url + "/health").status_code == 200
+        lower = httpx.get(keyed.url + "/info", headers={"Authorization": "bearer s3cret"})
+        assert lower.status_code == 200  # the scheme is case-insensitive
+        basic = httpx.get(keyed.url + "/info", headers={"Authorization": "Basic s3cret"})
+        assert "Bearer" in assert_envelope(basic, 401, "invalid_api_key")["message"]
         with pytest.raises(openai.AuthenticationError):
             client(keyed, "nope").embeddings.create(model=MINILM_NAME, input="x")
         ok = client(keyed, "s3cret").embeddings.create(model=MINILM_NAME, input="x")

@@ -75,6 +75,8 @@ def _bound(state: ServerState, handler: Handler) -> Callable[[Request], Awaitabl
 async def _fallback(request: Request) -> Response:
     path = request.url.path.decode()
     allowed = [method for method, known, _ in ROUTES if route_of(path, (known,))]
+    if "GET" in allowed:
+        allowed.append("HEAD")  # the edge answers HEAD as GET without the body
     if allowed:
         return error_response(
             MethodNotAllowed(f"{request.method} is not allowed on {path}", allow=allowed)

@@ -44,7 +44,7 @@ class Edge:
         self.state = state
         self.paths = paths  # routes known to the app: the label metrics use
         key = state.settings.api_key
-        self._expected = f"Bearer {key}".encode() if key else None
+        self._key = key.encode() if key else None
         origins = state.settings.cors_allow_origins
         self._any_origin = "*" in origins
         self._origins = frozenset(origin.rstrip("/").encode() for origin in origins)
@@ -55,10 +55,13 @@ class Edge:
             return
         state = self.state
         path: str = scope["path"]
+        method: str = scope["method"]
+        if method == "HEAD":  # a GET without its body (RFC 9110): what uptime probes send
+            scope = {**scope, "method": "GET"}
         request_id = uuid.uuid4().hex[:16].encode()
         started = time.perf_counter()
         origin = self._allowed_origin(scope)
-        response = _Response(send, request_id, _cors_headers(origin))
+        response = _Response(send, request_id, _cors_headers(origin), head=method == "HEAD")
         state.in_flight += 1
         state.idle.clear()
         try:
@@ -76,9 +79,7 @@ class Edge:
         except EmbedxError as error:
             await response.error(error)
         except Exception:
-            log.exception(
-                "request %s %s failed (id %s)", scope["method"], path, request_id.decode()
-            )
+            log.exception("request %s %s failed (id %s)", method, path, request_id.decode())
             await response.error(
                 Bug(f"The request failed unexpectedly (request id {request_id.decode()}).")
             )
@@ -88,10 +89,10 @@ class Edge:
                 state.idle.set()
             route = path if path in self.paths else route_of(path, self.paths) or "other"
             seconds = time.perf_counter() - started
-            state.http.observe(route, scope["method"], response.status, seconds)
+            state.http.observe(route, method, response.status, seconds)
             access.info(
                 "%s %s %d %.1f ms id=%s",
-                scope["method"],
+                method,
                 path,
                 response.status,
                 seconds * 1000,
@@ -110,12 +111,15 @@ class Edge:
     def _refusal(self, scope: Scope, path: str) -> EmbedxError | None:
         if self.state.draining and path not in OPEN_PATHS:
             return ShuttingDown("the server is shutting down; send the request to another replica")
-        if self._expected is None or path in OPEN_PATHS:
+        if self._key is None or path in OPEN_PATHS:
             return None
         given = _header(scope, b"authorization")
         if given is None:
             return AuthenticationFailed("missing API key: send `Authorization: Bearer <key>`")
-        if not hmac.compare_digest(given, self._expected):
+        scheme, _, key = given.strip().partition(b" ")
+        if scheme.lower() != b"bearer":  # schemes are case-insensitive (RFC 9110)
+            return AuthenticationFailed("send the API key as `Authorization: Bearer <key>`")
+        if not hmac.compare_digest(key.strip(), self._key):
             return AuthenticationFailed("wrong API key")
         return None
 
@@ -177,11 +181,15 @@ class Edge:
 
 class _Response:
     """The send channel of one request: tags the response (request id, CORS headers),
-    remembers its status."""
+    remembers its status; for a HEAD request, sends the headers alone (their
+    content-length still the body's)."""
 
-    def __init__(self, send: Send, request_id: bytes, cors: list[tuple[bytes, bytes]]) -> None:
+    def __init__(
+        self, send: Send, request_id: bytes, cors: list[tuple[bytes, bytes]], *, head: bool
+    ) -> None:
         self._send = send
         self._tags = [(b"x-request-id", request_id), *cors]
+        self._head = head
         self.status = 500
         self.started = False
 
@@ -190,6 +198,8 @@ class _Response:
             self.started = True
             self.status = message["status"]
             message["headers"] = [*message.get("headers", []), *self._tags]
+        elif self._head:
+            message = {**message, "body": b""}
         await self._send(message)
 
     async def preflight(self, scope: Scope) -> None:

@@ -80,25 +80,44 @@ def _texts(value: Any, param: str, max_items: int) -> list[str]:
             "(EMBEDX_MAX_REQUEST_ITEMS): split it",
             param=param,
         )
+    if all(_token_ids(item) for item in texts):
+        # The usual sender: LangChain's OpenAIEmbeddings, which tokenizes with OpenAI's
+        # tiktoken vocabulary, whose ids mean nothing to another model.
+        raise TokenInputNotSupported(
+            f"`{param}` holds token ids; embedx embeds text: send the strings themselves, "
+            "it tokenizes them with the model's own tokenizer (LangChain's "
+            "OpenAIEmbeddings sends OpenAI token ids unless "
+            "check_embedding_ctx_length=False)",
+            param=param,
+        )
     for i, text in enumerate(texts):
-        if isinstance(text, str):
-            if not text:
-                raise InvalidInput(f"`{param}[{i}]` is an empty string", param=param)
-            continue
-        if isinstance(text, int) or (
-            isinstance(text, list) and all(isinstance(t, int) for t in text)
-        ):
-            # The usual sender: LangChain's OpenAIEmbeddings, which tokenizes with OpenAI's
-            # tiktoken vocabulary, whose ids mean nothing to another model.
-            raise TokenInputNotSupported(
-                f"`{param}` holds token ids; embedx embeds text: send the strings themselves, "
-                "it tokenizes them with the model's own tokenizer (LangChain's "
-                "OpenAIEmbeddings sends OpenAI token ids unless "
-                "check_embedding_ctx_length=False)",
-                param=param,
-            )
-        raise InvalidInput(f"`{param}[{i}]` is {type(text).__name__}, not a string", param=param)
+        if not isinstance(text, str):
+            raise InvalidInput(f"`{param}[{i}]` is {_json_type(text)}, not a string", param=param)
+        if not text:
+            raise InvalidInput(f"`{param}[{i}]` is an empty string", param=param)
     return texts
+
+
+def _token_ids(item: Any) -> bool:
+    """Whether an input item is what OpenAI takes as token ids: an int, or a list of them."""
+    if isinstance(item, list):
+        return bool(item) and all(_token_id(t) for t in item)
+    return _token_id(item)
+
+
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _json_type(value: Any) -> str:
+    """A parsed JSON value's type, as JSON names it, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "an array" if isinstance(value, list) else "an object"
 
 
 def _positive_int(data: dict[str, Any], key: str) -> int | None:
@@ -166,7 +185,7 @@ def parse_tei(body: bytes, max_items: int) -> EmbedRequest:
     """POST /embed, as text-embeddings-inference defines it, with `model` required."""
     data = _object(body)
     _unknown(data, TEI_FIELDS)
-    if data.get("truncation_direction", "right") not in ("right", "Right"):
+    if data.get("truncation_direction") not in (None, "right", "Right"):  # null: TEI's default
         raise InvalidOption("only right truncation is supported", param="truncation_direction")
     return _request(
         data,
