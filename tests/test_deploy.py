@@ -120,7 +120,7 @@ def test_check_warm_loads_embeds_and_leaves_nothing_resident() -> None:
     assert warmed["resident_after"] == 0
     failed = run_cli("check", "--warm", "embedx-tests/not-cached", "--warm-pooling", "mean")
     assert failed.returncode == 4
-    assert "cannot be checked" in failed.stderr
+    assert "offline (HF_HUB_OFFLINE)" in failed.stderr
 
 
 def test_catalog_prompts_and_the_allowlist(tmp_path: Path, minilm_dir: Path) -> None:

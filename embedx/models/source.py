@@ -160,9 +160,8 @@ def _hub_info(repo_id: str, revision: str | None) -> ModelInfo:
         ) from None
     except OfflineModeIsEnabled:
         raise ModelNotFound(
-            f"model {repo_id!r} is not in this server's catalog, a local directory or its "
-            "Hugging Face cache, and the server is offline (HF_HUB_OFFLINE), so it cannot "
-            "fetch it; GET /v1/models lists the catalog",
+            f"model {repo_id!r} is not in the catalog, a local directory or the Hugging Face "
+            "cache, and embedx is offline (HF_HUB_OFFLINE), so it cannot fetch it",
             param="model",
         ) from None
     except Exception as exc:  # DNS, timeouts: nothing tells us what the weights are
