@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -57,8 +58,8 @@ def _optional(parse: Callable[[object], Any]) -> Callable[[object], Any]:
 
 def _seconds(raw: object) -> float:
     value = float(str(raw).strip()) if not isinstance(raw, int | float) else float(raw)
-    if value < 0:
-        raise ValueError("must not be negative")
+    if not 0 <= value < math.inf:  # nan too: it compares false with everything
+        raise ValueError("must be a finite number of seconds, 0 or more")
     return value
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from embedx.errors import (
+    ConfigError,
     InputTooLong,
     InvalidModel,
     InvalidOption,
@@ -129,6 +130,30 @@ def test_an_operator_catalog_overrides_and_extends(tmp_path: Path) -> None:
     catalog = load_catalog(models)
     assert catalog["e5"].prompts["query"] == "query: {text}"
     assert "sentence-transformers/all-MiniLM-L6-v2" in catalog
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        ('keep_alive_s = "2s"', "keep_alive_s = '2s'"),
+        ("keep_alive_s = nan", "keep_alive_s nan"),
+        ('max_seq_len = "abc"', "max_seq_len = 'abc'"),
+        ("max_seq_len = true", "max_seq_len = True"),
+        ('prompts = "query: {text}"', "prompts = 'query: {text}'"),
+        ("prompts = { query = 1 }", "prompts.query = 1"),
+        ("pooling = 1", "pooling = 1"),
+    ],
+)
+def test_a_models_file_value_of_the_wrong_type_is_refused_at_start(
+    tmp_path: Path, line: str, named: str
+) -> None:
+    """Not at the first request that needs it, as a 500 on every one."""
+    models = tmp_path / "models.toml"
+    models.write_text(f'[models.a]\nsource = "somewhere"\n{line}\n')
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(models)
+    assert named in caught.value.message
+    assert "'a'" in caught.value.message
 
 
 def test_a_bad_prompt_template_is_refused() -> None:

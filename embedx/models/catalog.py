@@ -4,6 +4,7 @@ pooling, dtype, length, keep-alive and prompt templates."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -67,12 +68,30 @@ class ModelSpec:
             )
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise InvalidOption("max_seq_len must be at least 2", param="max_seq_len")
+        if self.keep_alive_s is not None and not 0 <= self.keep_alive_s < math.inf:
+            raise InvalidOption(
+                f"keep_alive_s {self.keep_alive_s!r} must be a finite number of seconds, 0 or more",
+                param="keep_alive_s",
+            )
 
     def with_overrides(self, **changes: Any) -> ModelSpec:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 BUILTIN = "builtin_models.toml"
+# What each key of a models-file entry must be: TOML gives any type, and a wrong one found
+# only when a request needs it is a 500 on every request, not an error at start.
+ENTRY_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "source": ((str,), "a string"),
+    "revision": ((str,), "a string"),
+    "pooling": ((str,), "a string"),
+    "dtype": ((str,), "a string"),
+    "max_seq_len": ((int,), "an integer"),
+    "keep_alive_s": ((int, float), "a number of seconds"),
+    "prompts": ((dict,), 'a table such as {query = "query: {text}"}'),
+    "default_input_type": ((str,), "a string"),
+    "implementation": ((str,), "a string"),
+}
 
 
 def _entry(name: str, table: dict[str, Any], origin: str) -> ModelSpec:
@@ -83,6 +102,15 @@ def _entry(name: str, table: dict[str, Any], origin: str) -> ModelSpec:
     values = dict(table)
     if "source" not in values:
         raise ConfigError(f"{origin}: model {name!r} needs a source")
+    for key, value in values.items():
+        types, kind = ENTRY_TYPES[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise ConfigError(f"{origin}: model {name!r}: {key} = {value!r} must be {kind}")
+    for input_type, template in values.get("prompts", {}).items():
+        if not isinstance(template, str):
+            raise ConfigError(
+                f"{origin}: model {name!r}: prompts.{input_type} = {template!r} must be a string"
+            )
     try:
         if "pooling" in values:
             values["pooling"] = Pooling.parse(values["pooling"])
