@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from embedx.config import Settings, env_name, load_settings
-from embedx.errors import ConfigError, EmbedxError
+from embedx.errors import ConfigError, EmbedxError, PoolingRequired
 
 # `embedx check` exit codes, documented in DEPLOY.md
 EXIT_OK = 0
@@ -116,6 +116,11 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
         print(f"embedx check: EMBEDX_PRELOAD names models not in the catalog: {missing}",
               file=sys.stderr)  # fmt: skip
         return EXIT_CONFIG
+    unpooled = [name for name in settings.preload if catalog[name].pooling is None]
+    if unpooled:  # `serve` would stop at start-up: no request states their pooling
+        print(f"embedx check: EMBEDX_PRELOAD names models without a pooling in the catalog: "
+              f"{unpooled}", file=sys.stderr)  # fmt: skip
+        return EXIT_CONFIG
     try:
         devices = discover(settings)
     except EmbedxError as exc:
@@ -128,6 +133,10 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
     if warm:
         try:
             described = asyncio.run(_warm(settings, warm, pooling))
+        except PoolingRequired:
+            print(f"embedx check: warm {warm}: the catalog does not say how it pools: add "
+                  "--warm-pooling cls|mean|last_token", file=sys.stderr)  # fmt: skip
+            return EXIT_WARM
         except EmbedxError as exc:
             print(f"embedx check: warm {warm}: {exc.message}", file=sys.stderr)
             return EXIT_WARM
@@ -139,7 +148,13 @@ def _embed(settings: Settings, model: str, texts: Sequence[str], pooling: str | 
     from embedx.embedder import Embedder
 
     texts = list(texts) or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    with Embedder(model, pooling=pooling, settings=settings) as embedder:
+    try:
+        embedder = Embedder(model, pooling=pooling, settings=settings)
+    except PoolingRequired:
+        print(f"embedx: the catalog does not say how {model!r} pools: add "
+              "--pooling cls|mean|last_token", file=sys.stderr)  # fmt: skip
+        return 1
+    with embedder:
         for vector in embedder.embed(texts):
             print(json.dumps([round(float(x), 7) for x in vector]))
     return EXIT_OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -26,7 +27,7 @@ class Embedder:
 
     def __init__(
         self,
-        model: str,
+        model: str | os.PathLike[str],
         *,
         pooling: str | None = None,
         dtype: str | None = None,
@@ -42,7 +43,9 @@ class Embedder:
         )
         self._portal = self._portal_context.__enter__()
         try:
-            self._engine: Engine = self._portal.call(self._load, model, pooling, dtype, max_seq_len)
+            self._engine: Engine = self._portal.call(
+                self._load, os.fspath(model), pooling, dtype, max_seq_len
+            )
         except BaseException:
             self.close()
             raise
@@ -89,6 +92,7 @@ class Embedder:
         truncate: bool = True,
     ) -> np.ndarray:
         """(N, D) float32 vectors in the order of `texts` (a single string gives (1, D))."""
+        self._check_open()
         batch = [texts] if isinstance(texts, str) else texts
         options = EmbedOptions(dimensions, normalize, truncate, input_type)
         result = self._portal.call(self._engine.embed, batch, options)
@@ -106,7 +110,12 @@ class Embedder:
         finally:
             context.__exit__(None, None, None)
 
+    def _check_open(self) -> None:
+        if self._portal_context is None:
+            raise RuntimeError("this Embedder is closed: its model was unloaded; make a new one")
+
     def __enter__(self) -> Embedder:
+        self._check_open()
         return self
 
     def __exit__(

@@ -710,8 +710,10 @@ class Engine:
 
 
 def _check_texts(texts: Sequence[str]) -> None:
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise InvalidInput("texts must be a list of strings", param="input")
+    if isinstance(texts, str | bytes) or not isinstance(texts, Sequence):
+        raise InvalidInput(
+            f"texts must be a list of strings, not {type(texts).__name__}", param="input"
+        )
     if not texts:
         raise EmptyInput("texts is empty: send at least one text", param="input")
     for i, text in enumerate(texts):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -43,3 +44,10 @@ def test_embed_prints_one_vector_per_text() -> None:
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(rows) == 2
     assert len(rows[0]) == 384
+
+
+def test_embed_without_a_pooling_names_the_flag(minilm_dir: Path) -> None:
+    done = run("embed", str(minilm_dir), "hello", env={"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 1
+    assert "--pooling" in done.stderr
+    assert "Traceback" not in done.stderr

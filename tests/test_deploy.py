@@ -112,6 +112,30 @@ def test_check_passes_and_its_exit_codes_are_documented() -> None:
         assert f"| {code} |" in deploy
 
 
+def test_check_refuses_a_preload_without_pooling(tmp_path: Path) -> None:
+    models = tmp_path / "models.toml"
+    models.write_text('[models.a]\nsource = "somewhere"\n')
+    env = {"EMBEDX_MODELS_FILE": str(models), "EMBEDX_PRELOAD": "a"}
+    done = run_cli("check", env=env)
+    assert done.returncode == 2
+    assert "without a pooling" in done.stderr
+
+
+def test_the_models_file_example_loads_as_documented(tmp_path: Path) -> None:
+    from embedx.models.catalog import load_catalog
+
+    deploy = (ROOT / "DEPLOY.md").read_text()
+    example = re.findall(r"```toml\n(.*?)```", deploy, flags=re.DOTALL)
+    assert len(example) == 1
+    models = tmp_path / "models.toml"
+    models.write_text(example[0])
+    catalog = load_catalog(models)
+    assert catalog["e5-base"].prompts["query"] == "query: {text}"
+    assert catalog["e5-base"].keep_alive_s == 1800
+    assert catalog["local-bge"].pooling is not None
+    assert catalog["local-bge"].pooling.value == "cls"
+
+
 def test_check_warm_loads_embeds_and_leaves_nothing_resident() -> None:
     done = run_cli("check", "--warm", MINILM_NAME)
     assert done.returncode == 0, done.stderr
@@ -121,6 +145,12 @@ def test_check_warm_loads_embeds_and_leaves_nothing_resident() -> None:
     failed = run_cli("check", "--warm", "embedx-tests/not-cached", "--warm-pooling", "mean")
     assert failed.returncode == 4
     assert "offline (HF_HUB_OFFLINE)" in failed.stderr
+
+
+def test_check_warm_without_a_pooling_names_the_flag(minilm_dir: Path) -> None:
+    failed = run_cli("check", "--warm", str(minilm_dir))
+    assert failed.returncode == 4
+    assert "--warm-pooling" in failed.stderr
 
 
 def test_catalog_prompts_and_the_allowlist(tmp_path: Path, minilm_dir: Path) -> None:

@@ -66,6 +66,18 @@ def test_the_library_names_a_missing_model_and_a_missing_pooling(minilm_dir: Pat
         Embedder(str(minilm_dir))
 
 
+def test_a_closed_embedder_says_so(minilm_dir: Path) -> None:
+    from embedx import Embedder
+
+    embedder = Embedder(minilm_dir, pooling="mean")  # a path as well as a string
+    assert embedder.embed("x").shape == (1, 384)
+    embedder.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        embedder.embed("x")
+    with pytest.raises(RuntimeError, match="closed"), embedder:
+        pass
+
+
 async def test_a_different_pooling_for_a_resident_model_is_a_conflict(minilm_dir: Path) -> None:
     models = registry()
     async with models.lease(str(minilm_dir), LoadRequest(pooling="mean")):
