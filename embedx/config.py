@@ -244,7 +244,10 @@ class Settings:
         "A batch running longer than this (and 20x its expected time) marks its device hung.",
     )
     drain_timeout_s: float = _setting(
-        30.0, _seconds, "On shutdown, how long in-flight requests may take to finish."
+        30.0,
+        _seconds,
+        "On shutdown, how long in-flight requests may take to finish; "
+        "those still running then get a 503.",
     )
 
     def redacted(self) -> dict[str, Any]:

@@ -626,6 +626,30 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(
         assert "draining" in stopping.output()
 
 
+def test_sigterm_past_the_drain_timeout_fails_what_still_runs_and_exits(
+    tmp_path: Path, reference_texts: list[str]
+) -> None:
+    """EMBEDX_DRAIN_TIMEOUT_S bounds the shutdown: a request still running then gets a 503
+    it can retry elsewhere, rather than holding the process past its supervisor's grace."""
+    with running_server(tmp_path, preload=MINILM_NAME, drain_timeout_s=1) as stopping:
+        results: list[httpx.Response] = []
+        long_texts = ([" ".join([text] * 8) for text in reference_texts] * 4)[:2000]  # slow on CPU
+        body = {"model": MINILM_NAME, "input": long_texts}
+        worker = threading.Thread(
+            target=lambda: results.append(post(stopping, "/v1/embeddings", json=body))
+        )
+        worker.start()
+        time.sleep(1.0)
+        signalled = time.monotonic()
+        stopping.process.send_signal(signal.SIGTERM)
+        assert stopping.process.wait(60) == 0
+        stopped_after = time.monotonic() - signalled
+        worker.join()
+        assert_envelope(results[0], 503, "shutting_down")
+        assert stopped_after < 20, stopped_after
+        assert "failing them" in stopping.output()
+
+
 def test_binding_beyond_loopback_without_a_key_warns(tmp_path: Path) -> None:
     with running_server(tmp_path, host="0.0.0.0") as exposed:
         pass

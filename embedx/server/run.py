@@ -102,7 +102,14 @@ async def _until_stopped(
     try:
         await asyncio.wait_for(edge.state.idle.wait(), settings.drain_timeout_s)
     except TimeoutError:
-        log.warning("%d requests still running after the drain timeout", edge.state.in_flight)
+        # The server stops waiting for them: unloading fails their pending texts, so they
+        # end now with a 503 the client can retry elsewhere, not when the work is done
+        # (granian's stop waits for every request; a supervisor's grace period would not).
+        log.warning(
+            "%d requests still running after the drain timeout: failing them (503)",
+            edge.state.in_flight,
+        )
+        await edge.state.registry.drain(0)
     server.stop()  # type: ignore[no-untyped-call]  # stop accepting; `lifespan` unloads
     await serving
     log.info("stopped")
