@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -107,3 +110,16 @@ def test_awaiting_a_gpu_batch_sleeps_between_polls_on_uvloop() -> None:
     output, seconds, cpu_s = uvloop.run(await_batch())
     assert (output, seconds) == ("rows", 0.1)
     assert cpu_s < 0.03  # a spinning loop burns the whole 0.1 s
+
+
+def test_importing_embedx_turns_off_onednn_primitive_caching_unless_set() -> None:
+    """Batches come in every shape; oneDNN's per-shape cache grew a CPU process without end
+    (bench/cpu_memory.py)."""
+    code = "import os, embedx; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
+    clean = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    for preset, expected in ((None, "0"), ("64", "64")):
+        env = clean if preset is None else {**clean, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": preset}
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert done.stdout.strip() == expected, done.stderr
