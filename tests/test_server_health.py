@@ -14,6 +14,7 @@ from embedx.devices import CpuAccelerator
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
 from embedx.registry import ModelRegistry
+from embedx.server import app as app_module
 from embedx.server.app import create_app
 from tests.conftest import SlowForward, cpu_info
 
@@ -58,3 +59,34 @@ async def test_a_quarantined_device_makes_health_degraded_and_info_names_it(
         assert 'route="/v1/embeddings",method="POST",status="200"' in metrics
         assert 'status="499"' not in metrics
     await registry.drain(5)
+
+
+async def test_a_bug_in_a_route_is_a_500_naming_the_request_id_that_its_log_line_has(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken(state: object, http: object) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(
+        app_module,
+        "ROUTES",
+        tuple((m, p, broken if p == "/v1/models" else h) for m, p, h in app_module.ROUTES),
+    )
+    settings = load_settings({}, environ={})
+    registry = ModelRegistry(settings, load_catalog(None), [cpu_info()], CpuAccelerator)
+    transport = httpx.ASGITransport(app=create_app(settings, registry))
+    async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
+        response = await client.get("/v1/models")
+    request_id = response.headers["x-request-id"]
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_bug"
+    assert request_id in response.json()["error"]["message"]
+    assert any(request_id in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+def test_metrics_keep_every_digit_and_escape_label_values() -> None:
+    from embedx.server.metrics import _labels, _number
+
+    assert _number(1_234_571) == "1234571"  # six significant digits made it 1.23457e+06
+    assert _number(0.25) == "0.25"
+    assert _labels(model='a\\b"c\nd') == '{model="a\\\\b\\"c\\nd"}'

@@ -14,7 +14,7 @@ from embedx.errors import Bug, EmbedxError, MethodNotAllowed, NotFound
 from embedx.registry import ModelRegistry
 from embedx.server import admin, embeddings
 from embedx.server.admission import Admission
-from embedx.server.edge import Edge, route_of
+from embedx.server.edge import REQUEST_ID, Edge, route_of
 from embedx.server.responses import error_response
 from embedx.server.state import ServerState
 
@@ -89,5 +89,8 @@ async def _embedx_error(app: Any, request: Request, error: EmbedxError) -> Respo
 
 
 async def _unexpected_error(app: Any, request: Request, error: Exception) -> Response:
-    log.error("%s %s failed", request.method, request.url.path.decode(), exc_info=error)
-    return error_response(Bug("The request failed unexpectedly; the server log has the details."))
+    """A route's own bug: logged with the request's id, which its 500 names too."""
+    request_id = request.scope.get(REQUEST_ID, "unknown")
+    path = request.url.path.decode()
+    log.error("request %s %s failed (id %s)", request.method, path, request_id, exc_info=error)
+    return error_response(Bug(f"The request failed unexpectedly (request id {request_id})."))

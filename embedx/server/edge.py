@@ -28,6 +28,7 @@ log = logging.getLogger("embedx.server")
 access = logging.getLogger("embedx.access")  # a line per request, at info
 CLIENT_CLOSED = 499  # the status metrics record for a request whose client hung up
 OPEN_PATHS = frozenset({"/health"})  # no key needed
+REQUEST_ID = "embedx.request_id"  # the scope key that carries a request's id to the app
 # What a browser page on an allowed origin may send and read (CORS).
 CORS_METHODS = b"GET, POST"
 CORS_EXPOSED = b"x-request-id, x-tokenization-time, x-inference-time, x-total-time, x-total-tokens"
@@ -59,6 +60,7 @@ class Edge:
         if method == "HEAD":  # a GET without its body (RFC 9110): what uptime probes send
             scope = {**scope, "method": "GET"}
         request_id = uuid.uuid4().hex[:16].encode()
+        scope[REQUEST_ID] = request_id.decode()  # for the app's own error handler
         started = time.perf_counter()
         origin = self._allowed_origin(scope)
         response = _Response(send, request_id, _cors_headers(origin), head=method == "HEAD")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -30,10 +31,26 @@ class HttpMetrics:
 
 
 def _labels(**labels: object) -> str:
-    inner = ",".join(
-        f'{k}="{str(v).replace(chr(92), "/").replace(chr(34), "")}"' for k, v in labels.items()
-    )
+    inner = ",".join(f'{k}="{_escaped(str(v))}"' for k, v in labels.items())
     return "{" + inner + "}" if inner else ""
+
+
+def _escaped(value: str) -> str:
+    """A label value as the exposition format writes it: backslash, quote and newline
+    escaped (model names are paths and catalog keys: any of them can appear)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    """Every digit: a counter past a million printed with six would stop moving in small
+    steps, and rate() over it would read as steps or zero."""
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
 
 
 class _Writer:
@@ -45,7 +62,7 @@ class _Writer:
         self.lines.append(f"# TYPE {name} {kind}")
 
     def sample(self, name: str, value: float, **labels: object) -> None:
-        self.lines.append(f"{name}{_labels(**labels)} {value:g}")
+        self.lines.append(f"{name}{_labels(**labels)} {_number(value)}")
 
     def value(self, name: str, kind: str, value: Any, **labels: object) -> None:
         if kind == "histogram":
