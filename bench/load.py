@@ -110,7 +110,7 @@ async def library_rate(
         runs = []
         main_cpu_s = time.thread_time()
         tokenizer = engine.tokenizer
-        before = (tokenizer.busy_s, tokenizer.idle_s, tokenizer.free_s, tokenizer.collect_s)
+        before = (tokenizer.busy_s, tokenizer.idle_seconds(), tokenizer.free_s, tokenizer.collect_s)
         slots = [worker.slot for worker in engine.workers]
         launched = [(slot.batches_done, slot.launching_s) for slot in slots]
         for _ in range(passes):
@@ -118,7 +118,7 @@ async def library_rate(
             result = await engine.embed(texts)
             runs.append(time.perf_counter() - started)
         main_cpu_s = time.thread_time() - main_cpu_s
-        after = (tokenizer.busy_s, tokenizer.idle_s, tokenizer.free_s, tokenizer.collect_s)
+        after = (tokenizer.busy_s, tokenizer.idle_seconds(), tokenizer.free_s, tokenizer.collect_s)
         launches = {
             slot.name: launch_figures(
                 slot.launching_s - was_s, slot.batches_done - was_batches, sum(runs)

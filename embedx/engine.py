@@ -681,7 +681,7 @@ class Engine:
                 "texts": self.tokenizer.texts,
                 "busy_s": round(self.tokenizer.busy_s, 3),
                 "collect_s": round(self.tokenizer.collect_s, 3),
-                "idle_s": round(self.tokenizer.idle_s, 3),
+                "idle_s": round(self.tokenizer.idle_seconds(), 3),
                 "free_s": round(self.tokenizer.free_s, 3),
                 "cut_at_chars": self.tokenizer.cut_at,
                 "cut_then_retokenized": self.tokenizer.recut,

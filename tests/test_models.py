@@ -333,6 +333,8 @@ async def test_the_tokenizer_thread_counts_its_time_waiting_for_texts(
             await asyncio.sleep(0.2)
         async for _ in tokenizer.encode_chunks(reference_texts[:100]):
             pass
+        await asyncio.sleep(0.3)  # waiting now: /info counts this wait before it ends
+        assert tokenizer.idle_seconds() > tokenizer.idle_s + 0.25
     finally:
         tokenizer.close()
     assert 0.5 < tokenizer.idle_s < 5

@@ -462,6 +462,9 @@ def test_docs_and_openapi_describe_every_route(server: Server) -> None:
         path = route.replace("{path:", "{")  # BlackSheep's parameter that takes slashes
         assert method.lower() in spec["paths"][path]
         assert f"{method} {path}" in page
+        assert {"405", "500"} <= set(spec["paths"][path][method.lower()]["responses"])
+    busy = spec["paths"]["/v1/embeddings"]["post"]["responses"]["503"]
+    assert "Retry-After" in busy["headers"]
     request = spec["paths"]["/v1/embeddings"]["post"]["requestBody"]
     assert "input" in request["content"]["application/json"]["schema"]["properties"]
 

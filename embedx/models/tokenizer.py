@@ -98,6 +98,7 @@ class TextTokenizer:
         # call's encodings. A thread that seldom waits for texts is what limits, whatever
         # share of its time the calls take (the rest goes on the interpreter lock).
         self.idle_s = 0.0
+        self._idle_since: float | None = None  # when the wait in progress began
         self.free_s = 0.0
 
     async def encode_chunks(
@@ -123,6 +124,11 @@ class TextTokenizer:
         finally:
             for future in ahead:
                 future.cancel()  # the caller stopped early: its texts leave the next call
+
+    def idle_seconds(self) -> float:
+        """`idle_s` with the wait in progress: an idle server's thread is waiting now."""
+        since = self._idle_since
+        return self.idle_s + (time.monotonic() - since if since is not None else 0.0)
 
     def _start(
         self, texts: Sequence[str], *, truncate: bool, offset: int
@@ -163,8 +169,9 @@ class TextTokenizer:
             while True:
                 with self._queued:
                     while not self._waiting and not self._closed:
-                        waiting = time.monotonic()
+                        self._idle_since = waiting = time.monotonic()
                         self._queued.wait()
+                        self._idle_since = None  # before the sum: a reader never counts twice
                         self.idle_s += time.monotonic() - waiting
                     if self._closed:
                         closing = ShuttingDown("the model closed while its texts were queued")

@@ -28,7 +28,7 @@ class Admission:
             self.timeouts += 1
             raise QueueTimeout(
                 f"the server is busy: {self.limit} requests are running "
-                f"(EMBEDX_MAX_CONCURRENT_REQUESTS) and this one waited {self.timeout_s:.0f} s"
+                f"(EMBEDX_MAX_CONCURRENT_REQUESTS) and this one waited {self.timeout_s:g} s"
             ) from None
         finally:
             self.waiting -= 1

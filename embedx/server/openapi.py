@@ -93,14 +93,25 @@ _VECTORS = {"type": "array", "items": {"type": "array", "items": {"type": "numbe
 _OBJECT = {"type": "object"}
 
 
+# Every route can answer these: the wrong method, and a bug (its message names the request id)
+ALWAYS = (405, 500)
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before sending it again",
+                                "schema": {"type": "integer"}}}  # fmt: skip
+
+
 def _errors(*statuses: int) -> dict[str, Any]:
     meaning = {400: "Bad input", 401: "Missing or wrong API key", 404: "Unknown model",
-               409: "Pooling conflict", 413: "Body too large",
-               503: "Busy, loading failed, or shutting down (Retry-After)"}  # fmt: skip
-    return {
-        str(s): {"description": meaning[s], "content": {"application/json": {"schema": _ERROR}}}
-        for s in statuses
-    }
+               405: "Wrong method (Allow names the right ones)", 409: "Pooling conflict",
+               413: "Body too large", 500: "A bug in embedx; the message names the request id",
+               503: "Busy, loading failed, or shutting down"}  # fmt: skip
+    responses: dict[str, Any] = {}
+    for status in statuses:
+        response = {"description": meaning[status],
+                    "content": {"application/json": {"schema": _ERROR}}}  # fmt: skip
+        if status == 503:
+            response["headers"] = _RETRY_AFTER
+        responses[str(status)] = response
+    return responses
 
 
 def _operation(
@@ -114,7 +125,7 @@ def _operation(
     operation: dict[str, Any] = {
         "summary": summary,
         "responses": {"200": {"description": "OK", "content": {media: {"schema": response}}},
-                      **_errors(*errors)},
+                      **_errors(*errors, *ALWAYS)},
     }  # fmt: skip
     if request is not None:
         operation["requestBody"] = {
@@ -132,7 +143,8 @@ def openapi_spec() -> dict[str, Any]:
         "info": {"title": "embedx", "version": __version__,
                  "description": "Text embeddings on every GPU of a host. Errors use the OpenAI "
                                 "envelope. With EMBEDX_API_KEY set, every route but /health "
-                                "needs `Authorization: Bearer <key>`."},
+                                "needs `Authorization: Bearer <key>`. Every GET route also "
+                                "answers HEAD with its headers alone."},
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],
         "paths": {
