@@ -465,6 +465,15 @@ def test_docs_and_openapi_describe_every_route(server: Server) -> None:
         assert {"405", "500"} <= set(spec["paths"][path][method.lower()]["responses"])
     busy = spec["paths"]["/v1/embeddings"]["post"]["responses"]["503"]
     assert "Retry-After" in busy["headers"]
+
+    def documented(path: str) -> set[str]:
+        schema = spec["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]
+        return set(schema["schema"]["properties"])
+
+    card = httpx.get(server.url + "/v1/models").json()["data"][0]
+    assert set(card) == documented("/v1/models/{model}")
+    assert set(httpx.get(server.url + "/health").json()) == documented("/health")
+    assert set(httpx.get(server.url + "/info").json()) == documented("/info")
     request = spec["paths"]["/v1/embeddings"]["post"]["requestBody"]
     assert "input" in request["content"]["application/json"]["schema"]["properties"]
 

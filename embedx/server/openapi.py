@@ -91,6 +91,34 @@ _TEI_REQUEST = {
 }  # fmt: skip
 _VECTORS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
 _OBJECT = {"type": "object"}
+_MODEL = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+        "owned_by": {"type": "string"}, "resident": {"type": "boolean"},
+        "pooling": {"enum": ["cls", "mean", "last_token", None]},
+        "dimensions": {"type": ["integer", "null"], "description": "null until loaded"},
+    },
+}  # fmt: skip
+_MODELS = {
+    "type": "object",
+    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
+}
+_HEALTH = {
+    "type": "object",
+    "properties": {
+        "status": {"enum": ["ok", "degraded", "draining"]},
+        "quarantined": {"type": "array", "items": {"type": "string"},
+                        "description": "model: device (reason), for each device taken out"},
+    },
+}  # fmt: skip
+_INFO = {
+    "type": "object",
+    "properties": {key: {"type": kind} for key, kind in (
+        ("version", "string"), ("uptime_s", "number"), ("settings", "object"),
+        ("devices", "array"), ("allocator", "string"), ("requests", "object"),
+        ("models", "array"), ("quarantined", "array"))},
+}  # fmt: skip
 
 
 # Every route can answer these: the wrong method, and a bug (its message names the request id)
@@ -152,9 +180,9 @@ def openapi_spec() -> dict[str, Any]:
                 "Create embeddings (OpenAI)", _OPENAI_RESPONSE, request=_OPENAI_REQUEST,
                 errors=embedding_errors)},
             "/v1/models": {"get": _operation(
-                "Models resident and in the catalog (OpenAI)", _OBJECT)},
+                "Models resident and in the catalog (OpenAI)", _MODELS)},
             "/v1/models/{model}": {"get": {**_operation(
-                "One model, resident or in the catalog (OpenAI)", _OBJECT, errors=(401, 404)),
+                "One model, resident or in the catalog (OpenAI)", _MODEL, errors=(401, 404)),
                 "parameters": [{"name": "model", "in": "path", "required": True,
                                 "schema": {"type": "string"},
                                 "description": "Slashes as they are or percent-encoded."}]}},
@@ -162,9 +190,9 @@ def openapi_spec() -> dict[str, Any]:
                 "Embed (text-embeddings-inference)", _VECTORS, request=_TEI_REQUEST,
                 errors=embedding_errors)},
             "/health": {"get": {**_operation("ok, degraded (a device quarantined) or draining",
-                                             _OBJECT, errors=(503,)), "security": []}},
+                                             _HEALTH, errors=(503,)), "security": []}},
             "/info": {"get": _operation(
-                "Settings, devices, concurrency and resident models", _OBJECT)},
+                "Settings, devices, concurrency and resident models", _INFO)},
             "/metrics": {"get": _operation("Prometheus metrics", {"type": "string"},
                                            media="text/plain")},
             "/openapi.json": {"get": _operation("This description", _OBJECT)},
