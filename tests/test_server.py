@@ -264,6 +264,7 @@ def test_retrieving_an_unknown_model_is_a_404_and_posting_there_a_405(server: Se
         client(server).models.retrieve("org/no-such-model")
     response = httpx.get(f"{server.url}/v1/models/org/no-such-model")
     assert_envelope(response, 404, "model_not_found")
+    assert_envelope(httpx.get(f"{server.url}/v1/models/"), 404, "model_not_found")
     response = post(server, f"/v1/models/{MINILM_NAME}", json={})
     assert_envelope(response, 405, "method_not_allowed")
     assert response.headers["allow"] == "GET, HEAD"

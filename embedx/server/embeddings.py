@@ -112,6 +112,8 @@ def _timing(result: EmbedResult) -> dict[str, str]:
 
 
 async def list_models(state: ServerState, http: Request) -> Response:
+    if http.url.path.endswith(b"/"):  # the router lets /v1/models/ through here: no name
+        raise ModelNotFound("GET /v1/models/ names no model; GET /v1/models lists them")
     resident = {r.spec.name: r for r in state.registry.residents()}
     names = sorted(set(state.registry.catalog) | set(resident))
     data = [_model_card(state, name, resident) for name in names]
