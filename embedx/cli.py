@@ -161,7 +161,14 @@ def _embed(settings: Settings, model: str, texts: Sequence[str], pooling: str | 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # `embed MODEL --pooling mean "a text"`: argparse leaves texts after a flag over, and
+    # subparsers rule out its intermixed parsing; those are texts too.
+    args, extra = parser.parse_known_args(argv)
+    if extra and (args.command != "embed" or any(e.startswith("-") for e in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.texts = [*args.texts, *extra]
     try:
         settings = _settings(args)
         if args.command == "info":

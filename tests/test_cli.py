@@ -51,3 +51,13 @@ def test_embed_without_a_pooling_names_the_flag(minilm_dir: Path) -> None:
     assert done.returncode == 1
     assert "--pooling" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_embed_takes_texts_after_its_flags_and_refuses_unknown_flags() -> None:
+    model = "sentence-transformers/all-MiniLM-L6-v2"
+    done = run("embed", model, "--pooling", "mean", "hello", "world")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 2
+    refused = run("embed", model, "hello", "--no-such-flag")
+    assert refused.returncode == 2
+    assert "--no-such-flag" in refused.stderr
