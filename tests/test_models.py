@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import threading
@@ -154,6 +155,13 @@ def test_a_models_file_value_of_the_wrong_type_is_refused_at_start(
         load_catalog(models)
     assert named in caught.value.message
     assert "'a'" in caught.value.message
+
+
+def test_a_models_file_entry_takes_every_field_of_a_spec_but_its_name() -> None:
+    from embedx.models.catalog import ENTRY_TYPES
+
+    fields = {f.name for f in dataclasses.fields(ModelSpec)}
+    assert set(ENTRY_TYPES) == fields - {"name"}
 
 
 def test_a_bad_prompt_template_is_refused() -> None:

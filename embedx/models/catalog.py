@@ -79,8 +79,9 @@ class ModelSpec:
 
 
 BUILTIN = "builtin_models.toml"
-# What each key of a models-file entry must be: TOML gives any type, and a wrong one found
-# only when a request needs it is a 500 on every request, not an error at start.
+# The keys of a models-file entry (ModelSpec's fields but its name) and what each must be:
+# TOML gives any type, and a wrong one found only when a request needs it is a 500 on every
+# request, not an error at start.
 ENTRY_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "source": ((str,), "a string"),
     "revision": ((str,), "a string"),
@@ -95,8 +96,7 @@ ENTRY_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 
 
 def _entry(name: str, table: dict[str, Any], origin: str) -> ModelSpec:
-    known = {f.name for f in dataclasses.fields(ModelSpec)} - {"name"}
-    unknown = set(table) - known
+    unknown = set(table) - set(ENTRY_TYPES)
     if unknown:
         raise ConfigError(f"{origin}: model {name!r} has unknown keys {sorted(unknown)}")
     values = dict(table)

@@ -59,11 +59,13 @@ class Edge:
         method: str = scope["method"]
         if method == "HEAD":  # a GET without its body (RFC 9110): what uptime probes send
             scope = {**scope, "method": "GET"}
-        request_id = uuid.uuid4().hex[:16].encode()
-        scope[REQUEST_ID] = request_id.decode()  # for the app's own error handler
+        request_id = uuid.uuid4().hex[:16]
+        scope[REQUEST_ID] = request_id  # for the app's own error handler
         started = time.perf_counter()
         origin = self._allowed_origin(scope)
-        response = _Response(send, request_id, _cors_headers(origin), head=method == "HEAD")
+        response = _Response(
+            send, request_id.encode(), _cors_headers(origin), head=method == "HEAD"
+        )
         state.in_flight += 1
         state.idle.clear()
         try:
@@ -81,10 +83,8 @@ class Edge:
         except EmbedxError as error:
             await response.error(error)
         except Exception:
-            log.exception("request %s %s failed (id %s)", method, path, request_id.decode())
-            await response.error(
-                Bug(f"The request failed unexpectedly (request id {request_id.decode()}).")
-            )
+            log.exception("request %s %s failed (id %s)", method, path, request_id)
+            await response.error(Bug(f"The request failed unexpectedly (request id {request_id})."))
         finally:
             state.in_flight -= 1
             if not state.in_flight:
@@ -98,7 +98,7 @@ class Edge:
                 path,
                 response.status,
                 seconds * 1000,
-                request_id.decode(),
+                request_id,
             )
 
     def _allowed_origin(self, scope: Scope) -> bytes | None:
