@@ -69,9 +69,16 @@ two)
   kill %1 %2 2>/dev/null
   ;;
 load)
-  # the server needs its HTTP stack, carried as wheels, and MiniLM from the carried copy
-  # --upgrade: a second run replaces the packages rather than warning about each one
-  python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/site ../.whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  # the server needs its HTTP stack, carried as wheels (or, where the 64 MiB carry is
+  # short, as .whl/site.tar.xz: the wheels unpacked into one folder, a third smaller), and
+  # MiniLM from the carried copy. --upgrade: a second run replaces the packages rather than
+  # warning about each one
+  if [ -f ../.whl/site.tar.xz ]; then
+    mkdir -p /tmp/site && tar xJf ../.whl/site.tar.xz -C /tmp/site
+  else
+    python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/site ../.whl/*.whl
+  fi
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
   export PATH=/tmp/site/bin:$PATH  # py-spy, for LOAD_FLAGS="--py-spy PREFIX"
   printf '[models."sentence-transformers/all-MiniLM-L6-v2"]\nsource = "%s"\npooling = "mean"\nmax_seq_len = 256\n' \
     "$(cd .. && pwd)/.carry/minilm-fp16" > /tmp/models.toml
