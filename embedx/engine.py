@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -515,7 +516,16 @@ class Engine:
     def _start_workers(self) -> None:
         for worker in self.workers:
             task = asyncio.create_task(worker.run(), name=f"embedx-{worker.slot.name}")
+            task.add_done_callback(partial(self._worker_ended, worker))
             self._tasks.append(task)
+
+    def _worker_ended(self, worker: DeviceWorker, task: asyncio.Task[None]) -> None:
+        """A worker that died of an error nobody expected (a bug) takes its device out of
+        service, so that its work goes to the others or fails, rather than waiting forever."""
+        if task.cancelled() or (error := task.exception()) is None:
+            return  # closed, or it returned after quarantining its device
+        log.error("%s: the worker of %s failed", self.spec.name, worker.slot.name, exc_info=error)
+        self.queue.quarantine(worker.slot, f"its worker failed: {error!r}")
 
     async def _smoke_test(self) -> None:
         try:

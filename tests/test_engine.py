@@ -252,6 +252,39 @@ async def test_a_batch_whose_rows_fail_to_be_written_runs_again_and_the_worker_l
     assert np.abs(again.vectors - st_reference[50:60]).max() < 1e-5
 
 
+async def test_a_worker_that_dies_of_a_bug_hands_its_work_on_rather_than_leaving_it_waiting(
+    make_engine: Callable[..., Any],
+    reference_texts: list[str],
+    st_reference: np.ndarray,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from embedx.errors import NoDeviceAvailable
+
+    def breaks_for(engine: Engine, victims: set[str]) -> None:
+        claim = engine.queue.claim
+
+        def claim_or_die(device: Any) -> Any:
+            if device.name in victims:
+                raise TypeError("a bug in the worker's own code (injected)")
+            return claim(device)
+
+        engine.queue.claim = claim_or_die  # type: ignore[method-assign]
+
+    async with make_engine(("good", "bad"), max_batch_tokens=2048) as engine:
+        breaks_for(engine, {"bad"})
+        result = await asyncio.wait_for(engine.embed(reference_texts[:100]), 60)
+        bad = next(w.slot for w in engine.workers if w.slot.name == "bad")
+    assert np.abs(result.vectors - st_reference[:100]).max() < 1e-5
+    assert not bad.active
+    assert "injected" in (bad.reason or "")
+    assert "the worker of bad failed" in caplog.text
+
+    async with make_engine(("only",)) as engine:
+        breaks_for(engine, {"only"})
+        with pytest.raises(NoDeviceAvailable, match="its worker failed"):
+            await asyncio.wait_for(engine.embed(["a", "b", "c"]), 60)
+
+
 async def test_a_request_that_fails_stops_tokenizing_its_other_texts(
     make_engine: Callable[..., Any], reference_texts: list[str]
 ) -> None:
