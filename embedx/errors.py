@@ -148,6 +148,12 @@ class PayloadTooLarge(EmbedxError):
     code = "payload_too_large"
 
 
+class UnsupportedMediaType(EmbedxError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
 # 503: the request is fine, embedx cannot serve it now.
 class Unavailable(EmbedxError):
     status = 503

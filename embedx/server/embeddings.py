@@ -14,7 +14,7 @@ from embedx.errors import ModelNotFound
 from embedx.registry import Resident
 from embedx.server.responses import json_bytes_response, json_response
 from embedx.server.state import ServerState
-from embedx.server.validation import EmbedRequest, parse_openai, parse_tei
+from embedx.server.validation import EmbedRequest, check_json_body, parse_openai, parse_tei
 
 
 async def _run(
@@ -34,7 +34,7 @@ async def _run(
 
 
 async def create_embeddings(state: ServerState, http: Request) -> Response:
-    request = parse_openai(await http.read() or b"", state.settings.max_request_items)
+    request = parse_openai(await _json_body(http), state.settings.max_request_items)
     if not request.base64:
         result = await _run(state, request)
         data = [{"object": "embedding", "index": i, "embedding": row}
@@ -48,6 +48,13 @@ async def create_embeddings(state: ServerState, http: Request) -> Response:
     result = await _run(state, request, items)
     rest = orjson.dumps({"model": request.model, "usage": _usage(result)})
     return json_bytes_response(items.body(rest[1:]), headers=_timing(result))
+
+
+async def _json_body(http: Request) -> bytes:
+    check_json_body(
+        http.get_first_header(b"content-type"), http.get_first_header(b"content-encoding")
+    )
+    return await http.read() or b""
 
 
 def _usage(result: EmbedResult) -> dict[str, int]:
@@ -96,7 +103,7 @@ def _item_heads(count: int) -> np.ndarray:
 
 
 async def embed_tei(state: ServerState, http: Request) -> Response:
-    request = parse_tei(await http.read() or b"", state.settings.max_request_items)
+    request = parse_tei(await _json_body(http), state.settings.max_request_items)
     result = await _run(state, request)
     return json_response(result.vectors, headers=_timing(result))
 

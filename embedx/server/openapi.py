@@ -130,7 +130,8 @@ _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before sending i
 def _errors(*statuses: int) -> dict[str, Any]:
     meaning = {400: "Bad input", 401: "Missing or wrong API key", 404: "Unknown model",
                405: "Wrong method (Allow names the right ones)", 409: "Pooling conflict",
-               413: "Body too large", 500: "A bug in embedx; the message names the request id",
+               413: "Body too large", 415: "Body not labelled JSON, or compressed",
+               500: "A bug in embedx; the message names the request id",
                503: "Busy, loading failed, or shutting down"}  # fmt: skip
     responses: dict[str, Any] = {}
     for status in statuses:
@@ -165,7 +166,7 @@ def _operation(
 
 @functools.cache
 def openapi_spec() -> dict[str, Any]:
-    embedding_errors = (400, 401, 404, 409, 413, 503)
+    embedding_errors = (400, 401, 404, 409, 413, 415, 503)
     return {
         "openapi": "3.1.0",
         "info": {"title": "embedx", "version": __version__,

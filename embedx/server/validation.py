@@ -16,6 +16,7 @@ from embedx.errors import (
     InvalidOption,
     TokenInputNotSupported,
     TooManyItems,
+    UnsupportedMediaType,
 )
 from embedx.models.catalog import INPUT_TYPES
 from embedx.registry import LoadRequest
@@ -37,6 +38,24 @@ class EmbedRequest:
     base64: bool = False  # OpenAI: encoding_format
     normalize: bool | None = None  # TEI
     truncate: bool = True  # TEI: false makes an over-long text an error
+
+
+def check_json_body(content_type: bytes | None, content_encoding: bytes | None) -> None:
+    """A body is JSON, labelled so, and not compressed. The label matters beyond form: a
+    browser sends a `text/plain` or unlabelled body cross-origin without asking first."""
+    if content_encoding is not None and content_encoding.strip().lower() != b"identity":
+        raise UnsupportedMediaType(
+            f"the body is {content_encoding.decode('latin-1')}-encoded; embedx reads bodies "
+            "uncompressed: send it without Content-Encoding"
+        )
+    media = (content_type or b"").partition(b";")[0].strip().lower()
+    if media != b"application/json" and not (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    ):
+        given = f"`{media.decode('latin-1')}`" if media else "none"
+        raise UnsupportedMediaType(
+            f"send the body as JSON with `Content-Type: application/json` (the request had {given})"
+        )
 
 
 def _object(body: bytes) -> dict[str, Any]:
