@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Coroutine, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from embedx.config import Settings, load_settings
 from embedx.engine import EmbedOptions, Engine
 from embedx.errors import PoolingRequired
+
+T = TypeVar("T")
 
 
 class Embedder:
@@ -35,16 +38,11 @@ class Embedder:
         settings: Settings | None = None,
         **overrides: Any,
     ) -> None:
-        from anyio.from_thread import start_blocking_portal
-
         self.settings = settings or load_settings(overrides)
-        self._portal_context: contextlib.AbstractContextManager[Any] | None = (
-            start_blocking_portal()
-        )
-        self._portal = self._portal_context.__enter__()
+        self._loop: _LoopThread | None = _LoopThread()
         try:
-            self._engine: Engine = self._portal.call(
-                self._load, os.fspath(model), pooling, dtype, max_seq_len
+            self._engine: Engine = self._loop.call(
+                self._load(os.fspath(model), pooling, dtype, max_seq_len)
             )
         except BaseException:
             self.close()
@@ -75,10 +73,6 @@ class Embedder:
         return await Engine.load(spec, files, accelerators, registry.engine_options())
 
     @property
-    def engine(self) -> Engine:
-        return self._engine
-
-    @property
     def dimensions(self) -> int:
         return self._engine.dimensions
 
@@ -91,31 +85,56 @@ class Embedder:
         input_type: str | None = None,
         truncate: bool = True,
     ) -> np.ndarray:
-        """(N, D) float32 vectors in the order of `texts` (a single string gives (1, D))."""
-        self._check_open()
+        """(N, D) float32 vectors in the order of `texts` (a single string gives (1, D)).
+        Interrupting it (Ctrl-C) drops the texts it has not embedded yet."""
+        loop = self._open_loop()
+        return loop.call(self._embed(texts, dimensions, normalize, input_type, truncate))
+
+    async def aembed(
+        self,
+        texts: Sequence[str] | str,
+        *,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        input_type: str | None = None,
+        truncate: bool = True,
+    ) -> np.ndarray:
+        """`embed` for async code: awaits the engine on its own loop, from any other loop.
+        Cancelling it drops the texts it has not embedded yet."""
+        loop = self._open_loop()
+        return await loop.wrap(self._embed(texts, dimensions, normalize, input_type, truncate))
+
+    async def _embed(
+        self,
+        texts: Sequence[str] | str,
+        dimensions: int | None,
+        normalize: bool | None,
+        input_type: str | None,
+        truncate: bool,
+    ) -> np.ndarray:
         batch = [texts] if isinstance(texts, str) else texts
         options = EmbedOptions(dimensions, normalize, truncate, input_type)
-        result = self._portal.call(self._engine.embed, batch, options)
-        return result.vectors
+        return (await self._engine.embed(batch, options)).vectors
 
     def close(self) -> None:
         """Unload the model and stop the background loop. Safe to call twice."""
-        context, self._portal_context = self._portal_context, None
-        if context is None:
+        loop, self._loop = self._loop, None
+        if loop is None:
             return
         engine: Engine | None = getattr(self, "_engine", None)
         try:
             if engine is not None:
-                self._portal.call(engine.close)
+                loop.call(engine.close())
         finally:
-            context.__exit__(None, None, None)
+            loop.stop()
 
-    def _check_open(self) -> None:
-        if self._portal_context is None:
+    def _open_loop(self) -> _LoopThread:
+        if self._loop is None:
             raise RuntimeError("this Embedder is closed: its model was unloaded; make a new one")
+        return self._loop
 
     def __enter__(self) -> Embedder:
-        self._check_open()
+        self._open_loop()
         return self
 
     def __exit__(
@@ -125,3 +144,34 @@ class Embedder:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class _LoopThread:
+    """An event loop on a daemon thread, where an Embedder's engine lives: a script that
+    never closes its Embedder still exits (a non-daemon thread would keep it alive)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="embedx-embedder", daemon=True
+        )
+        self._thread.start()
+
+    def call(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` on the loop and wait for it; interrupted (Ctrl-C), it is cancelled."""
+        future = asyncio.run_coroutine_threadsafe(work, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # a no-op if it already finished (with that exception)
+            raise
+
+    def wrap(self, work: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+        """`work` run on this loop, as a future of the caller's loop; cancelling that
+        cancels the work."""
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()

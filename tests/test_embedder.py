@@ -1,0 +1,83 @@
+"""The library's synchronous facade, as scripts, notebooks and async code use it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedx import Embedder
+
+
+def run_script(source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(source), *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=180,
+    )
+
+
+def test_a_script_that_never_closes_its_embedder_still_exits(minilm_dir: Path) -> None:
+    done = run_script(
+        """
+        import sys
+        from embedx import Embedder
+        e = Embedder(sys.argv[1], pooling="mean")
+        print(e.embed(["a text"]).shape)
+        """,
+        str(minilm_dir),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(1, 384)"
+
+
+def test_an_interrupted_embed_drops_the_texts_it_had_not_embedded(
+    minilm_dir: Path, reference_texts: list[str]
+) -> None:
+    # In a process of its own: a SIGINT that landed after the embed would stop pytest.
+    done = run_script(
+        """
+        import os, signal, sys, threading, time
+        from embedx import Embedder
+        e = Embedder(sys.argv[1], pooling="mean")
+        texts = [f"text number {i}, " + "long enough to take a while " * 8 for i in range(4000)]
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        started = time.monotonic()
+        try:
+            e.embed(texts)
+            print("finished")
+        except KeyboardInterrupt:
+            print("interrupted", round(time.monotonic() - started, 1))
+        e.embed(["one more"])
+        print("left", e._engine.queue.pending_items)
+        """,
+        str(minilm_dir),
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert lines[0].startswith("interrupted"), done.stdout
+    assert float(lines[0].split()[1]) < 5  # at once, not after the whole embed
+    assert lines[1] == "left 0", done.stdout
+
+
+@pytest.mark.anyio
+async def test_aembed_runs_from_another_loop_and_cancelling_it_drops_its_texts(
+    minilm_dir: Path, reference_texts: list[str]
+) -> None:
+    with Embedder(minilm_dir, pooling="mean") as embedder:
+        awaited = await embedder.aembed(reference_texts[:20])
+        assert np.array_equal(awaited, embedder.embed(reference_texts[:20]))
+        many = [text + " and more words" * 8 for text in reference_texts] * 10
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(embedder.aembed(many), 0.3)
+        await embedder.aembed(["one more"])
+        assert embedder._engine.queue.pending_items == 0
