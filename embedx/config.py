@@ -203,6 +203,12 @@ class Settings:
         "Catalog models to load at start-up, comma separated; the rest load on first use.",
         "unset",
     )
+    default_model: str | None = _setting(
+        None,
+        _optional(_text),
+        "Model for /embed requests that name none, as TEI's clients send them.",
+        "the first of EMBEDX_PRELOAD",
+    )
     models_file: Path | None = _setting(
         None, _optional(_path), "TOML catalog of named models (source, pooling, prompts).", "unset"
     )

@@ -212,6 +212,33 @@ def test_tei_embed_returns_bare_vectors(
     assert len(single[0]) == 384
 
 
+def test_tei_clients_that_name_no_model_get_the_preloaded_one(
+    server: Server, embedder: Any, reference_texts: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TEI serves one model, so its clients send no `model`; with every TEI field, as a
+    client that sends each unset field as null would."""
+    body = {"inputs": reference_texts[:3], "normalize": None, "truncate": None,
+            "truncation_direction": None, "prompt_name": None, "dimensions": None}  # fmt: skip
+    response = post(server, "/embed", json=body)
+    assert response.status_code == 200, response.text
+    expected = embedder.embed(reference_texts[:3])
+    assert np.array_equal(np.array(response.json(), dtype=np.float32), expected)
+    from huggingface_hub import InferenceClient, constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # it refuses even 127.0.0.1 offline
+    tei = InferenceClient(model=f"{server.url}/embed")
+    alone = embedder.embed(reference_texts[:1])[0]
+    assert np.array_equal(tei.feature_extraction(reference_texts[0])[0], alone)
+    error = assert_envelope(
+        post(server, "/embed", json={"inputs": "x", "prompt_name": "q"}), 400, "invalid_option"
+    )
+    assert error["param"] == "prompt_name"
+    error = assert_envelope(
+        post(server, "/embed", json={"inputs": "x", "prompt_name": "query"}), 400, "invalid_input"
+    )
+    assert "no prompt" in error["message"]
+
+
 def test_tei_truncation_direction_right_or_null_is_accepted_and_left_refused(
     server: Server,
 ) -> None:

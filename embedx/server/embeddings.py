@@ -103,7 +103,9 @@ def _item_heads(count: int) -> np.ndarray:
 
 
 async def embed_tei(state: ServerState, http: Request) -> Response:
-    request = parse_tei(await _json_body(http), state.settings.max_request_items)
+    settings = state.settings
+    default = settings.default_model or next(iter(settings.preload), None)
+    request = parse_tei(await _json_body(http), settings.max_request_items, default)
     result = await _run(state, request)
     return json_response(result.vectors, headers=_timing(result))
 

@@ -75,11 +75,14 @@ _OPENAI_RESPONSE = {
 }  # fmt: skip
 _TEI_REQUEST = {
     "type": "object",
-    "required": ["model", "inputs"],
+    "required": ["inputs"],
     "additionalProperties": False,
     "properties": {
-        "model": {"type": "string"},
+        "model": {"type": "string", "description": "Unset: EMBEDX_DEFAULT_MODEL, else the "
+                  "first of EMBEDX_PRELOAD (TEI's clients name no model)."},
         "inputs": _TEXTS,
+        "prompt_name": {"enum": ["query", "passage", None],
+                        "description": "The catalog prompt to wrap the texts in."},
         "normalize": {"type": "boolean", "default": True},
         "truncate": {"type": "boolean", "default": False,
                      "description": "false: a text over max_seq_len is a 400."},

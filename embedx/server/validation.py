@@ -24,7 +24,8 @@ from embedx.registry import LoadRequest
 OPENAI_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "input_type",
                  "pooling", "dtype", "max_seq_len", "keep_alive"}  # fmt: skip
 TEI_FIELDS = {"model", "inputs", "normalize", "truncate", "dimensions", "input_type",
-              "truncation_direction", "pooling", "dtype", "max_seq_len", "keep_alive"}  # fmt: skip
+              "truncation_direction", "prompt_name", "pooling", "dtype", "max_seq_len",
+              "keep_alive"}  # fmt: skip
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 
 
@@ -76,8 +77,10 @@ def _unknown(data: dict[str, Any], known: set[str]) -> None:
         raise InvalidOption(f"unrecognized request argument(s): {', '.join(extra)}", param=extra[0])
 
 
-def _model(data: dict[str, Any]) -> str:
+def _model(data: dict[str, Any], default: str | None = None) -> str:
     model = data.get("model")
+    if model is None and default is not None:
+        return default
     if not isinstance(model, str) or not model.strip():
         raise InvalidOption(
             "`model` is required: the name of the model to embed with", param="model"
@@ -200,28 +203,52 @@ def parse_openai(body: bytes, max_items: int) -> EmbedRequest:
     return _request(data, "input", max_items, base64=encoding == "base64")
 
 
-def parse_tei(body: bytes, max_items: int) -> EmbedRequest:
-    """POST /embed, as text-embeddings-inference defines it, with `model` required."""
+def parse_tei(body: bytes, max_items: int, default_model: str | None) -> EmbedRequest:
+    """POST /embed, as text-embeddings-inference defines it: a request without `model`
+    (TEI serves one model, so its clients send none) goes to `default_model`, and
+    `prompt_name` picks a catalog prompt as `input_type` does."""
     data = _object(body)
     _unknown(data, TEI_FIELDS)
     if data.get("truncation_direction") not in (None, "right", "Right"):  # null: TEI's default
         raise InvalidOption("only right truncation is supported", param="truncation_direction")
+    if data.get("model") is None and default_model is None:
+        raise InvalidOption(
+            "`model` is required: the name of the model to embed with (or start the server "
+            "with EMBEDX_DEFAULT_MODEL, or a model in EMBEDX_PRELOAD, for requests that "
+            "name none)",
+            param="model",
+        )
+    prompt = _choice(data, "prompt_name", INPUT_TYPES)
+    input_type = _choice(data, "input_type", INPUT_TYPES)
+    if prompt is not None and input_type is not None and prompt != input_type:
+        raise InvalidOption(
+            "`prompt_name` and `input_type` name different prompts: send one", param="prompt_name"
+        )
     return _request(
         data,
         "inputs",
         max_items,
+        default_model=default_model,
+        input_type=prompt or input_type,
         normalize=_bool(data, "normalize"),
         truncate=bool(_bool(data, "truncate")),
     )
 
 
-def _request(data: dict[str, Any], texts: str, max_items: int, **family: Any) -> EmbedRequest:
+def _request(
+    data: dict[str, Any],
+    texts: str,
+    max_items: int,
+    default_model: str | None = None,
+    input_type: str | None = None,
+    **family: Any,
+) -> EmbedRequest:
     """The fields both API families share, then each family's own."""
     return EmbedRequest(
-        model=_model(data),
+        model=_model(data, default_model),
         texts=_texts(data.get(texts), texts, max_items),
         load=_load(data),
         dimensions=_positive_int(data, "dimensions"),
-        input_type=_choice(data, "input_type", INPUT_TYPES),
+        input_type=input_type or _choice(data, "input_type", INPUT_TYPES),
         **family,
     )
