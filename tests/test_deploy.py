@@ -121,6 +121,14 @@ def test_check_refuses_a_preload_without_pooling(tmp_path: Path) -> None:
     assert "without a pooling" in done.stderr
 
 
+def test_check_refuses_a_preload_whose_source_is_nowhere(tmp_path: Path) -> None:
+    models = tmp_path / "models.toml"
+    models.write_text(f'[models.a]\nsource = "{tmp_path / "gone"}"\npooling = "cls"\n')
+    done = run_cli("check", env={"EMBEDX_MODELS_FILE": str(models), "EMBEDX_PRELOAD": "a"})
+    assert done.returncode == 2, done.stderr
+    assert "EMBEDX_PRELOAD's 'a'" in done.stderr
+
+
 def test_the_models_file_example_loads_as_documented(tmp_path: Path) -> None:
     from embedx.models.catalog import load_catalog
 
