@@ -200,7 +200,8 @@ class Settings:
     preload: tuple[str, ...] = _setting(
         (),
         _names,
-        "Catalog models to load at start-up, comma separated; the rest load on first use.",
+        "Catalog models to load at start-up, comma separated, and keep loaded (unless their "
+        "entry sets keep_alive_s); the rest load on first use.",
         "unset",
     )
     default_model: str | None = _setting(

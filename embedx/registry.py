@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("embedx.registry")
 LOAD_BUCKETS_S = (0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+FOREVER = math.inf  # the keep-alive of a preloaded model: never idled out or evicted
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,7 @@ class ModelRegistry:
         self._load_slots = asyncio.Semaphore(settings.max_concurrent_loads)
         self._closing = False
         self._unloading: set[asyncio.Task[None]] = set()  # evicted engines still closing
+        self._preloaded: set[str] = set()  # EMBEDX_PRELOAD's, kept loaded (FOREVER)
         self.load_seconds = Histogram(LOAD_BUCKETS_S)
         self.loads = 0
         self.evictions = 0
@@ -169,7 +172,11 @@ class ModelRegistry:
         loads never exceed the cap."""
         evicted: asyncio.Task[None] | None = None
         if len(self._models) >= self.settings.max_loaded_models:
-            idle = [r for r in self._models.values() if r.users == 0 and r.engine is not None]
+            idle = [
+                r
+                for r in self._models.values()
+                if r.users == 0 and r.engine is not None and r.keep_alive_s != FOREVER
+            ]
             if not idle:
                 raise ModelsBusy(
                     f"{len(self._models)} models are resident (EMBEDX_MAX_LOADED_MODELS) and all "
@@ -178,9 +185,10 @@ class ModelRegistry:
             victim = min(idle, key=lambda r: r.last_used)
             evicted = self._evict(victim, "to make room")
         keep_alive = spec.keep_alive_s
-        resident = Resident(
-            spec, self.settings.default_keep_alive_s if keep_alive is None else keep_alive
-        )
+        if keep_alive is None:
+            preloaded = spec.name in self._preloaded
+            keep_alive = FOREVER if preloaded else self.settings.default_keep_alive_s
+        resident = Resident(spec, keep_alive)
         self._models[spec.name] = resident
         resident.task = asyncio.create_task(self._load(resident, evicted), name=f"load-{spec.name}")
         return resident
@@ -229,7 +237,7 @@ class ModelRegistry:
             return
         if resident.keep_alive_s <= 0:
             self._evict(resident, "keep_alive is 0")
-        else:
+        elif resident.keep_alive_s != FOREVER:
             resident.timer = asyncio.get_running_loop().call_later(
                 resident.keep_alive_s, self._expire, resident
             )
@@ -260,10 +268,12 @@ class ModelRegistry:
             heap.freeze()
 
     async def preload(self, names: Sequence[str]) -> None:
-        """Load catalog models now (EMBEDX_PRELOAD); they then idle out like any other."""
+        """Load catalog models now (EMBEDX_PRELOAD). They stay loaded, neither idled out nor
+        evicted to make room, unless their catalog entry sets a keep_alive_s."""
         for name in names:
             if name not in self.catalog:
                 raise ModelNotFound(f"EMBEDX_PRELOAD names {name!r}, which is not in the catalog")
+            self._preloaded.add(name)
             async with self.lease(name):
                 pass
 
@@ -301,7 +311,8 @@ class ModelRegistry:
                 else {"model": resident.spec.name, "state": EngineState.LOADING.value}
             )
             entry["users"] = resident.users
-            entry["keep_alive_s"] = resident.keep_alive_s
+            keep_alive = resident.keep_alive_s  # None: preloaded, kept for good (JSON has no inf)
+            entry["keep_alive_s"] = None if keep_alive == FOREVER else keep_alive
             entry["idle_s"] = 0.0 if resident.users else round(now - resident.last_used, 1)
             described.append(entry)
         return described

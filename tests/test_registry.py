@@ -158,6 +158,25 @@ async def test_the_residency_cap_evicts_the_least_recently_used_idle_model(
     await models.drain(5)
 
 
+async def test_preloaded_models_stay_loaded_unless_their_entry_says_otherwise(
+    tiny_models: dict[str, Path],
+) -> None:
+    models = registry(tiny_models, max_loaded_models=2, default_keep_alive_s=0.2)
+    models.catalog["qwen3-0.6b"] = models.catalog["qwen3-0.6b"].with_overrides(keep_alive_s=0.2)
+    await models.preload(["bert-base", "qwen3-0.6b"])
+    await asyncio.sleep(0.5)  # qwen3's entry sets its keep-alive: it idles out
+    assert [r.spec.name for r in models.residents()] == ["bert-base"]
+    for name in ("bert-large", "qwen3-0.6b"):  # the cap is 2: never by evicting bert-base
+        async with models.lease(name):
+            pass
+    assert "bert-base" in {r.spec.name for r in models.residents()}
+    async with models.lease("bert-base"), models.lease("bert-large"):
+        with pytest.raises(ModelsBusy):  # pinned and in use: no room for a third
+            await models.lease("qwen3-0.6b").__aenter__()
+    assert models.describe()[0]["keep_alive_s"] is None
+    await models.drain(5)
+
+
 async def test_the_cap_holds_under_concurrent_cold_loads_and_busy_models_are_kept(
     tiny_models: dict[str, Path],
 ) -> None:
