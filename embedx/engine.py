@@ -24,8 +24,10 @@ from embedx.batching import FLOATS, Item, Job, RowForm
 from embedx.devices import Accelerator, DeviceHung, token_budget
 from embedx.errors import (
     Bug,
+    EmbedxError,
     EmptyInput,
     InvalidInput,
+    InvalidModel,
     InvalidOption,
     NoDeviceFits,
     ShuttingDown,
@@ -225,6 +227,21 @@ class Replica:
         return out
 
 
+def _unbuildable(name: str, error: Exception) -> Exception:
+    """What a failure to build a model from its files is: embedx's own errors as they are;
+    any other (a config transformers does not know or that lacks a key, weights that are not
+    safetensors inside) the model's fault, a 400, its traceback logged."""
+    if isinstance(error, EmbedxError):
+        return error
+    log.warning("model %r could not be built", name, exc_info=error)
+    detail = str(error).split("\n")[0][:300]
+    return InvalidModel(
+        f"model {name!r} could not be built from its files ({type(error).__name__}: {detail}); "
+        "check its config.json and weights",
+        param="model",
+    )
+
+
 class DeviceWorker:
     """Claims batches for one device and runs them, keeping up to `max_inflight` launched."""
 
@@ -363,7 +380,10 @@ class Engine:
         Nothing stays resident if any step fails."""
         if spec.pooling is None:
             raise Bug("a model reached the engine without a pooling")
-        limit = max_tokens(files)
+        try:
+            limit = max_tokens(files)
+        except Exception as exc:
+            raise _unbuildable(spec.name, exc) from exc
         if spec.max_seq_len is not None and spec.max_seq_len > limit:
             raise InvalidOption(
                 f"max_seq_len {spec.max_seq_len} is more than model {spec.name!r} can read: "
@@ -394,7 +414,10 @@ class Engine:
         dtype = resolve_dtype(
             self.spec.dtype, cuda=info.is_cuda, bf16=info.supports_bf16 or not info.is_cuda
         )
-        needed = weight_bytes(self.files, dtype)
+        try:
+            needed = weight_bytes(self.files, dtype)
+        except Exception as exc:
+            raise _unbuildable(self.spec.name, exc) from exc
         free = accelerator.free_memory() if info.is_cuda else needed
         if needed > free:
             self.skipped[info.label] = f"needs {needed >> 20} MiB, {free >> 20} MiB free"
@@ -410,7 +433,7 @@ class Engine:
             )
         except Exception as exc:
             if not accelerator.is_out_of_memory(exc):
-                raise
+                raise _unbuildable(self.spec.name, exc) from exc
             self.skipped[info.label] = "out of memory while loading the weights"
             accelerator.release_cached_memory()
             return

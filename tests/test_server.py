@@ -422,6 +422,35 @@ def test_pickle_only_weights_are_a_400(server: Server, tmp_path: Path, minilm_di
     assert_envelope(post(server, "/v1/embeddings", json=body), 400, "unsafe_weights")
 
 
+def test_a_model_whose_files_cannot_be_built_is_a_400_and_the_server_goes_on(
+    server: Server, tmp_path: Path, minilm_dir: Path
+) -> None:
+    def broken(
+        name: str, config: dict[str, Any] | None = None, weights: bytes | None = None
+    ) -> str:
+        directory = tmp_path / name
+        shutil.copytree(minilm_dir, directory)
+        if config is not None:
+            settings = json.loads((directory / "config.json").read_text())
+            settings.update(config)
+            (directory / "config.json").write_text(json.dumps({k: v for k, v in settings.items()
+                                                              if v is not None}))  # fmt: skip
+        if weights is not None:
+            (directory / "model.safetensors").write_bytes(weights)
+        return str(directory)
+
+    for model in (
+        broken("unknown", config={"model_type": "no-such-architecture"}),
+        broken("keyless", config={"vocab_size": None}),
+        broken("garbled", weights=b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header"),
+    ):
+        body = {"model": model, "input": "x", "pooling": "mean"}
+        error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, "invalid_model")
+        assert "could not be built" in error["message"], error
+    body = {"model": MINILM_NAME, "input": "still serving"}
+    assert post(server, "/v1/embeddings", json=body).status_code == 200
+
+
 def test_unknown_route_is_a_404_and_wrong_method_a_405(server: Server) -> None:
     assert_envelope(httpx.get(server.url + "/v2/embeddings"), 404, "not_found")
     response = httpx.get(server.url + "/v1/embeddings")
