@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from collections.abc import Coroutine, Sequence
@@ -16,6 +17,7 @@ from embedx.engine import EmbedOptions, Engine
 from embedx.errors import PoolingRequired
 
 T = TypeVar("T")
+SIGNAL_CHECK_S = 0.1
 
 
 class Embedder:
@@ -161,6 +163,10 @@ class _LoopThread:
         """Run `work` on the loop and wait for it; interrupted (Ctrl-C), it is cancelled."""
         future = asyncio.run_coroutine_threadsafe(work, self._loop)
         try:
+            # Waking now and then: a Ctrl-C that the kernel hands to another thread (the
+            # tokenizer's, say) is raised here only when this thread runs again.
+            while not concurrent.futures.wait([future], timeout=SIGNAL_CHECK_S).done:
+                pass
             return future.result()
         except BaseException:
             future.cancel()  # a no-op if it already finished (with that exception)
