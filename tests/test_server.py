@@ -203,7 +203,7 @@ def test_tei_embed_returns_bare_vectors(
 ) -> None:
     response = post(server, "/embed", json={"model": MINILM_NAME, "inputs": reference_texts[:3]})
     assert response.status_code == 200
-    assert float(response.headers["x-total-time"]) >= float(response.headers["x-inference-time"])
+    assert int(response.headers["x-total-time"]) >= int(response.headers["x-inference-time"])
     assert int(response.headers["x-total-tokens"]) > 3
     expected = embedder.embed(reference_texts[:3])
     assert np.array_equal(np.array(response.json(), dtype=np.float32), expected)
@@ -266,6 +266,10 @@ def test_every_request_leaves_an_access_line_with_its_id(server: Server) -> None
         time.sleep(0.05)
     line = next(line for line in server.output().splitlines() if f"id={request_id}" in line)
     assert "embedx.access: POST /v1/embeddings 200 " in line
+    # a client's (or proxy's) own id is kept, so that both logs name the request alike
+    for given, kept in (("client-42/a.b", True), ("two words", False), ("x" * 129, False)):
+        response = httpx.get(server.url + "/health", headers={"x-request-id": given})
+        assert (response.headers["x-request-id"] == given) is kept, given
 
 
 def test_models_lists_catalog_and_resident_models(server: Server) -> None:
@@ -696,7 +700,9 @@ def test_requests_past_the_concurrency_limit_wait_then_get_a_503(
 def test_the_residency_cap_with_every_model_busy_is_a_503(
     tmp_path: Path, reference_texts: list[str], minilm_dir: Path
 ) -> None:
-    with running_server(tmp_path, preload=MINILM_NAME, max_loaded_models=1) as capped:
+    # not preloaded: a preloaded model is never evicted to make room
+    with running_server(tmp_path, max_loaded_models=1) as capped:
+        assert post(capped, "/v1/embeddings", json={"model": MINILM_NAME, "input": "x"}).is_success
         other = {"model": str(minilm_dir), "input": "x", "pooling": "mean"}
         with kept_busy(capped, reference_texts):
             refused = post(capped, "/v1/embeddings", json=other)

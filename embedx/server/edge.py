@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -29,6 +30,8 @@ access = logging.getLogger("embedx.access")  # a line per request, at info
 CLIENT_CLOSED = 499  # the status metrics record for a request whose client hung up
 OPEN_PATHS = frozenset({"/health"})  # no key needed
 REQUEST_ID = "embedx.request_id"  # the scope key that carries a request's id to the app
+MAX_REQUEST_ID = 128
+REQUEST_ID_BYTES = re.compile(rb"^[!-~]+$")  # printable ASCII, no spaces: safe in a log line
 # What a browser page on an allowed origin may send and read (CORS).
 CORS_METHODS = b"GET, POST"
 CORS_EXPOSED = b"x-request-id, x-tokenization-time, x-inference-time, x-total-time, x-total-tokens"
@@ -59,7 +62,7 @@ class Edge:
         method: str = scope["method"]
         if method == "HEAD":  # a GET without its body (RFC 9110): what uptime probes send
             scope = {**scope, "method": "GET"}
-        request_id = uuid.uuid4().hex[:16]
+        request_id = _given_request_id(scope) or uuid.uuid4().hex[:16]
         scope[REQUEST_ID] = request_id  # for the app's own error handler
         started = time.perf_counter()
         origin = self._allowed_origin(scope)
@@ -251,6 +254,15 @@ def route_of(path: str, routes: Iterable[str]) -> str | None:
         if route == path or (parameter and path.startswith(head) and len(path) > len(head)):
             return route
     return None
+
+
+def _given_request_id(scope: Scope) -> str | None:
+    """The client's (or its proxy's) X-Request-Id, kept so that both logs name the request
+    alike: up to 128 printable ASCII characters with no spaces, or none."""
+    given = _header(scope, b"x-request-id")
+    if given is None or not 0 < len(given) <= MAX_REQUEST_ID or not REQUEST_ID_BYTES.match(given):
+        return None
+    return given.decode("ascii")
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
