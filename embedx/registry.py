@@ -16,6 +16,7 @@ from embedx import heap
 from embedx.config import Settings
 from embedx.engine import Engine, EngineOptions, EngineState
 from embedx.errors import (
+    InvalidOption,
     ModelNotFound,
     ModelsBusy,
     PoolingConflict,
@@ -112,6 +113,7 @@ class ModelRegistry:
                 )
             spec = ModelSpec(name=name, source=name, revision=self.settings.revision)
         pooling = _asked_pooling(name, spec.pooling, request.pooling)
+        _asked_length(name, spec.max_seq_len, request.max_seq_len)
         return spec.with_overrides(
             pooling=spec.pooling or pooling,
             dtype=request.dtype if spec.dtype == "auto" else None,
@@ -141,6 +143,9 @@ class ModelRegistry:
             if request.dtype is not None:  # ignored once it is loaded, but never wrong
                 check_dtype(request.dtype)
             _asked_pooling(name, resident.spec.pooling, request.pooling)
+            engine = resident.engine
+            reads = engine.tokenizer.max_seq_len if engine else resident.spec.max_seq_len
+            _asked_length(name, reads, request.max_seq_len)
         else:
             spec = self.spec_for(name, request)
             if spec.pooling is None:
@@ -327,6 +332,18 @@ class ModelRegistry:
                 if not worker.slot.active:
                     found.append(f"{resident.spec.name}: {worker.slot.name} ({worker.slot.reason})")
         return found
+
+
+def _asked_length(name: str, reads: int | None, asked: int | None) -> None:
+    """A request's max_seq_len, where its catalog entry or its load has fixed the model's,
+    must be that one: silently reading another length would be wrong either way."""
+    if asked is not None and reads is not None and asked != reads:
+        raise InvalidOption(
+            f"model {name!r} reads {reads} tokens a text (fixed by its catalog entry or its "
+            f"first load); this request asks for max_seq_len {asked}: drop the field or use "
+            "another name",
+            param="max_seq_len",
+        )
 
 
 def _asked_pooling(name: str, stated: Pooling | None, asked: str | None) -> Pooling | None:

@@ -92,6 +92,24 @@ async def test_a_different_pooling_for_a_resident_model_is_a_conflict(minilm_dir
     await models.drain(5)
 
 
+async def test_a_max_seq_len_other_than_the_models_fixed_one_is_refused(minilm_dir: Path) -> None:
+    from embedx.errors import InvalidOption
+
+    models = registry()
+    with pytest.raises(InvalidOption, match="reads 256 tokens"):  # the catalog entry's
+        async with models.lease(MINILM_NAME, LoadRequest(max_seq_len=128)):
+            pass
+    async with models.lease(MINILM_NAME, LoadRequest(max_seq_len=256)):
+        pass
+    path = str(minilm_dir)  # no catalog entry: its first load fixes it (at 256, its own)
+    async with models.lease(path, LoadRequest(pooling="mean")):
+        pass
+    with pytest.raises(InvalidOption, match="reads 256 tokens"):
+        async with models.lease(path, LoadRequest(max_seq_len=512)):
+            pass
+    await models.drain(5)
+
+
 async def test_catalog_only_refuses_other_names(minilm_dir: Path) -> None:
     models = registry(catalog_only="true")
     with pytest.raises(ModelNotFound) as caught:
