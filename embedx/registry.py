@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from embedx import heap
@@ -123,6 +124,14 @@ class ModelRegistry:
             else request.keep_alive_s,
         )
 
+    def _canonical(self, name: str) -> str:
+        """A local directory's name as one path, however a request spells it (`/m`, `/m/`,
+        `//./m`): one resident each, not a copy of the weights per spelling."""
+        if name in self.catalog:
+            return name
+        directory = Path(name).expanduser()
+        return str(directory.resolve()) if directory.is_dir() else name
+
     # -- leases --------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
@@ -138,6 +147,7 @@ class ModelRegistry:
     async def _acquire(self, name: str, request: LoadRequest) -> Resident:
         if self._closing:
             raise ShuttingDown("the server is shutting down")
+        name = self._canonical(name)
         resident = self._models.get(name)
         if resident is not None:
             if request.dtype is not None:  # ignored once it is loaded, but never wrong

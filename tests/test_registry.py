@@ -110,6 +110,16 @@ async def test_a_max_seq_len_other_than_the_models_fixed_one_is_refused(minilm_d
     await models.drain(5)
 
 
+async def test_a_directory_is_one_model_however_its_path_is_spelled(minilm_dir: Path) -> None:
+    models = registry()
+    for spelling in (str(minilm_dir), f"{minilm_dir}/", f"{minilm_dir}/./", f"/{minilm_dir}"):
+        async with models.lease(spelling, LoadRequest(pooling="mean")):
+            pass
+    canonical = str(minilm_dir.resolve())  # noqa: ASYNC240 (a test's one stat)
+    assert [r.spec.name for r in models.residents()] == [canonical]
+    await models.drain(5)
+
+
 async def test_catalog_only_refuses_other_names(minilm_dir: Path) -> None:
     models = registry(catalog_only="true")
     with pytest.raises(ModelNotFound) as caught:
