@@ -154,7 +154,13 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
 def _embed(settings: Settings, model: str, texts: Sequence[str], pooling: str | None) -> int:
     from embedx.embedder import Embedder
 
-    texts = list(texts) or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:  # a vector a line, in order: a blank line has none, so it is an error
+        texts = [line.rstrip("\n") for line in sys.stdin]
+        blank = [number for number, text in enumerate(texts, 1) if not text.strip()]
+        if blank:
+            print(f"embedx: stdin lines {blank[:10]} are blank; each line is a text, and its "
+                  "vector is the output's line of the same number", file=sys.stderr)  # fmt: skip
+            return 1
     try:
         embedder = Embedder(model, pooling=pooling, settings=settings)
     except PoolingRequired:

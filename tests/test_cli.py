@@ -7,11 +7,14 @@ import sys
 from pathlib import Path
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
     environment.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "embedx", *args],
+        input=stdin,
         capture_output=True,
         text=True,
         env=environment,
@@ -44,6 +47,18 @@ def test_embed_prints_one_vector_per_text() -> None:
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(rows) == 2
     assert len(rows[0]) == 384
+
+
+def test_embed_reads_a_text_a_line_from_stdin_and_refuses_blank_lines() -> None:
+    model = "sentence-transformers/all-MiniLM-L6-v2"
+    done = run("embed", model, stdin="one\ntwo\n")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 2
+    # dropping the blank lines would pair the output's lines with the wrong texts
+    refused = run("embed", model, stdin="one\n\ntwo\n   \nthree")
+    assert refused.returncode == 1
+    assert "[2, 4]" in refused.stderr
+    assert refused.stdout == ""
 
 
 def test_embed_without_a_pooling_names_the_flag(minilm_dir: Path) -> None:

@@ -99,8 +99,9 @@ async def test_matryoshka_dimensions_and_normalize_options(
     async with make_engine(("cpu",)) as engine:
         short = await engine.embed(reference_texts[:8], EmbedOptions(dimensions=64))
         raw = await engine.embed(reference_texts[:8], EmbedOptions(normalize=False))
-        with pytest.raises(UnsupportedDimensions):
-            await engine.embed(reference_texts[:1], EmbedOptions(dimensions=385))
+        for wrong in (385, 0, True, 1.5, "64"):  # the library's callers are not JSON-checked
+            with pytest.raises(UnsupportedDimensions):
+                await engine.embed(reference_texts[:1], EmbedOptions(dimensions=wrong))  # type: ignore[arg-type]
         # at once, so they share batches: one wants unit rows, the other raw ones to cut
         full, cut = await asyncio.gather(
             engine.embed(reference_texts[:40]),

@@ -94,7 +94,13 @@ def finish(
 
 
 def check_dimensions(dimensions: int | None, full: int) -> None:
-    if dimensions is not None and not 1 <= dimensions <= full:
+    if dimensions is None:
+        return
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int):  # the library's callers
+        raise UnsupportedDimensions(
+            f"dimensions must be a whole number, got {dimensions!r}", param="dimensions"
+        )
+    if not 1 <= dimensions <= full:
         raise UnsupportedDimensions(
             f"dimensions must be between 1 and {full} for this model, got {dimensions}",
             param="dimensions",
