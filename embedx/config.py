@@ -67,6 +67,16 @@ def _text(raw: object) -> str:
     return str(raw)
 
 
+PLACEHOLDER_KEY = "change-me"  # .env.example's: a key anyone who read it knows
+
+
+def _api_key(raw: object) -> str:
+    key = str(raw)
+    if key.strip() == PLACEHOLDER_KEY:
+        raise ValueError(".env.example's placeholder; set a key of your own")
+    return key
+
+
 def _log_level(raw: object) -> str:
     value = str(raw).strip().lower()
     if value not in LOG_LEVELS:
@@ -158,7 +168,7 @@ class Settings:
     host: str = _setting("127.0.0.1", _text, "Address to bind. Beyond loopback, set an API key.")
     port: int = _setting(8477, _port, "TCP port.")
     api_key: str | None = _setting(
-        None, _optional(_text), "Bearer token required on every route but /health.", "unset"
+        None, _optional(_api_key), "Bearer token required on every route but /health.", "unset"
     )
     cors_allow_origins: tuple[str, ...] = _setting(
         (),

@@ -72,8 +72,11 @@ def test_compose_publishes_on_loopback_with_gpus_volumes_and_a_user() -> None:
         if line.startswith("EMBEDX_")
     }
     from embedx.config import load_settings
+    from embedx.errors import ConfigError
 
-    load_settings(environ=settings)  # the example is valid as it stands
+    with pytest.raises(ConfigError, match="placeholder"):  # a key everyone who read it knows
+        load_settings(environ=settings)
+    load_settings(environ={**settings, "EMBEDX_API_KEY": "an-operators-own"})  # then valid
 
 
 def test_the_systemd_unit_runs_the_preflight_and_is_hardened() -> None:
