@@ -350,6 +350,7 @@ def test_a_body_not_labelled_json_or_compressed_is_a_415(server: Server) -> None
         ({"model": MINILM_NAME, "input": "x", "encoding_format": "hex"}, "invalid_option"),
         ({"model": MINILM_NAME, "input": "x", "dimension": 64}, "invalid_option"),
         ({"input": "x"}, "invalid_option"),
+        ({"model": 5, "input": "x"}, "invalid_option"),
         ({"model": MINILM_NAME, "input": "x", "pooling": "max"}, "invalid_option"),
         ({"model": MINILM_NAME, "input": "x", "dtype": "int3"}, "invalid_option"),  # loaded
     ],
@@ -357,7 +358,9 @@ def test_a_body_not_labelled_json_or_compressed_is_a_415(server: Server) -> None
 def test_bad_input_is_a_400_with_a_clear_message(
     server: Server, body: dict[str, Any], code: str
 ) -> None:
-    assert_envelope(post(server, "/v1/embeddings", json=body), 400, code)
+    error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, code)
+    if body.get("model") == 5:
+        assert "must be a string" in error["message"]
 
 
 def test_a_bad_base64_request_is_a_400_and_the_next_one_gets_its_vectors(

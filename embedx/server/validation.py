@@ -81,7 +81,9 @@ def _model(data: dict[str, Any], default: str | None = None) -> str:
     model = data.get("model")
     if model is None and default is not None:
         return default
-    if not isinstance(model, str) or not model.strip():
+    if model is not None and not isinstance(model, str):
+        raise InvalidOption(f"`model` must be a string, not {_json_type(model)}", param="model")
+    if model is None or not model.strip():
         raise InvalidOption(
             "`model` is required: the name of the model to embed with", param="model"
         )
