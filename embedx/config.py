@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import tomllib
@@ -81,6 +82,15 @@ def _log_level(raw: object) -> str:
     value = str(raw).strip().lower()
     if value not in LOG_LEVELS:
         raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
+    return value
+
+
+def _host(raw: object) -> str:
+    value = str(raw).strip()
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:  # granian binds addresses only: `localhost` failed at start-up
+        raise ValueError("an IP address to bind: 127.0.0.1, 0.0.0.0, ::1 or ::") from None
     return value
 
 
@@ -165,7 +175,7 @@ def _setting(default: Any, parse: Callable[[object], Any], help: str, shown: str
 class Settings:
     """Every operator setting. The README's configuration table is rendered from these fields."""
 
-    host: str = _setting("127.0.0.1", _text, "Address to bind. Beyond loopback, set an API key.")
+    host: str = _setting("127.0.0.1", _host, "IP address to bind. Beyond loopback, set an API key.")
     port: int = _setting(8477, _port, "TCP port.")
     api_key: str | None = _setting(
         None, _optional(_api_key), "Bearer token required on every route but /health.", "unset"

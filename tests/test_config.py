@@ -41,6 +41,9 @@ def test_precedence_is_defaults_then_toml_then_environment_then_flags(tmp_path: 
 @pytest.mark.parametrize(
     ("variable", "value", "named"),
     [
+        ("EMBEDX_HOST", "localhost", "host"),  # granian binds addresses only
+        ("EMBEDX_HOST", "not a host", "host"),
+        ("EMBEDX_API_KEY", "change-me", "api_key"),
         ("EMBEDX_PORT", "eighty", "port"),
         ("EMBEDX_PORT", "70000", "port"),
         ("EMBEDX_MAX_BATCH_TOKENS", "0", "max_batch_tokens"),
