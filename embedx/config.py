@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import math
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,11 @@ def _log_level(raw: object) -> str:
     if value not in LOG_LEVELS:
         raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
     return value
+
+
+def _did_you_mean(key: str, names: Iterable[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(key, list(names), n=1)
+    return f" Did you mean {prefix}{close[0].upper() if prefix else close[0]}?" if close else ""
 
 
 def _host(raw: object) -> str:
@@ -329,7 +335,7 @@ def load_settings(
             raise ConfigError(f"EMBEDX_CONFIG {path} cannot be read: {exc}") from None
         for key, raw in table.items():
             if key not in names:
-                raise ConfigError(f"{path}: unknown setting {key!r}.")
+                raise ConfigError(f"{path}: unknown setting {key!r}.{_did_you_mean(key, names)}")
             values[key] = _parse(key, raw, str(path))
 
     for var, raw in environ.items():
@@ -337,14 +343,16 @@ def load_settings(
             continue
         key = var[len(ENV_PREFIX) :].lower()
         if key not in names:
-            raise ConfigError(f"unknown setting {var} in the environment.")
+            raise ConfigError(
+                f"unknown setting {var} in the environment.{_did_you_mean(key, names, ENV_PREFIX)}"
+            )
         values[key] = _parse(key, raw, "environment " + var)
 
     for key, raw in (overrides or {}).items():
         if raw is None:
             continue
         if key not in names:
-            raise ConfigError(f"unknown setting {key!r}.")
+            raise ConfigError(f"unknown setting {key!r}.{_did_you_mean(key, names)}")
         values[key] = _parse(key, raw, "--" + key.replace("_", "-"))
 
     return Settings(**values)

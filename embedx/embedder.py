@@ -40,6 +40,11 @@ class Embedder:
         settings: Settings | None = None,
         **overrides: Any,
     ) -> None:
+        if settings is not None and overrides:
+            raise TypeError(
+                f"Embedder takes settings= or setting overrides ({', '.join(overrides)}), "
+                "not both: dataclasses.replace(settings, ...) combines them"
+            )
         self.settings = settings or load_settings(overrides)
         self._loop: _LoopThread | None = _LoopThread()
         try:

@@ -75,10 +75,12 @@ def test_a_config_path_that_points_nowhere_is_an_error(tmp_path: Path) -> None:
 def test_an_unknown_key_in_the_file_or_environment_is_an_error(tmp_path: Path) -> None:
     config = tmp_path / "embedx.toml"
     config.write_text("prot = 1\n")
-    with pytest.raises(ConfigError, match="prot"):
+    with pytest.raises(ConfigError, match=r"'prot'\. Did you mean port\?"):
         load_settings(environ={"EMBEDX_CONFIG": str(config)})
-    with pytest.raises(ConfigError, match="EMBEDX_PROT"):
+    with pytest.raises(ConfigError, match=r"EMBEDX_PROT .*Did you mean EMBEDX_PORT\?"):
         load_settings(environ={"EMBEDX_PROT": "1"})
+    with pytest.raises(ConfigError, match=r"'device'\. Did you mean devices\?"):
+        load_settings({"device": "cpu"})  # as Embedder(..., device="cpu") passes it
 
 
 @pytest.mark.parametrize("variable", ["EMBEDX_MODEL_ID", "EMBEDX_POOLING"])

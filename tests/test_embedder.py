@@ -26,6 +26,13 @@ def run_script(source: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_settings_and_overrides_together_are_refused(minilm_dir: Path) -> None:
+    from embedx.config import load_settings
+
+    with pytest.raises(TypeError, match="not both"):  # the overrides used to be dropped
+        Embedder(minilm_dir, pooling="mean", settings=load_settings(), wrapping="q: {text}")
+
+
 def test_a_script_that_never_closes_its_embedder_still_exits(minilm_dir: Path) -> None:
     done = run_script(
         """
