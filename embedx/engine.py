@@ -390,6 +390,14 @@ class Engine:
                 f"its position table holds {limit} tokens",
                 param="max_seq_len",
             )
+        if files.st_pooling not in (None, spec.pooling.value):  # stated, so never guessed
+            log.warning(
+                "model %r pools with %s as asked, but its sentence-transformers Pooling module "
+                "states %s: its vectors will not be the ones it was trained to give",
+                spec.name,
+                spec.pooling.value,
+                files.st_pooling,
+            )
         length = min(spec.max_seq_len or files.st_max_seq_len or limit, limit)
         tokenizer = await asyncio.to_thread(TextTokenizer, files, length)
         engine = cls(spec, files, tokenizer, spec.pooling, options)

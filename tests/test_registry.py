@@ -120,6 +120,23 @@ async def test_a_directory_is_one_model_however_its_path_is_spelled(minilm_dir: 
     await models.drain(5)
 
 
+async def test_a_pooling_other_than_the_one_its_files_state_is_served_with_a_warning(
+    minilm_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    models = registry()
+    async with models.lease(str(minilm_dir), LoadRequest(pooling="mean")):
+        pass
+    assert "Pooling module states" not in caplog.text
+    await models.drain(5)
+    models = registry()
+    async with models.lease(str(minilm_dir), LoadRequest(pooling="cls")):
+        pass  # stated by the request, so served: but not silently
+    assert "pools with cls as asked, but its sentence-transformers Pooling module states mean" in (
+        caplog.text
+    )
+    await models.drain(5)
+
+
 async def test_catalog_only_refuses_other_names(minilm_dir: Path) -> None:
     models = registry(catalog_only="true")
     with pytest.raises(ModelNotFound) as caught:

@@ -49,6 +49,7 @@ class ModelFiles:
     dense: tuple[DenseLayer, ...] = ()
     normalizes: bool = False  # has a sentence-transformers Normalize module
     st_max_seq_len: int | None = None  # sentence_bert_config.json's max_seq_length
+    st_pooling: str | None = None  # what its sentence-transformers Pooling module states
     origin: str = ""
 
 
@@ -214,6 +215,7 @@ def inspect_directory(directory: Path, *, origin: str, revision: str | None = No
     weights = _weights(directory, origin)
     dense: list[DenseLayer] = []
     normalizes = False
+    st_pooling: str | None = None
     modules_path = directory / "modules.json"
     for module in _read_json(modules_path) if modules_path.is_file() else []:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
@@ -233,6 +235,8 @@ def inspect_directory(directory: Path, *, origin: str, revision: str | None = No
             dense.append(DenseLayer(layer_weights, activation.rsplit(".", 1)[-1]))
         elif kind == "Normalize":
             normalizes = True
+        elif kind == "Pooling" and (path / "config.json").is_file():
+            st_pooling = _st_pooling(_read_json(path / "config.json"))
         elif kind not in ("Transformer", "Pooling", ""):
             raise InvalidModel(
                 f"{origin}: sentence-transformers module {kind} is not supported", param="model"
@@ -247,5 +251,20 @@ def inspect_directory(directory: Path, *, origin: str, revision: str | None = No
         dense=tuple(dense),
         normalizes=normalizes,
         st_max_seq_len=int(st_max) if st_max else None,
+        st_pooling=st_pooling,
         origin=origin,
     )
+
+
+ST_POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                    "pooling_mode_lasttoken": "last_token", "pooling_mode_max_tokens": "max",
+                    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+                    "pooling_mode_weightedmean_tokens": "weighted_mean"}  # fmt: skip
+
+
+def _st_pooling(config: dict[str, Any]) -> str | None:
+    """The pooling a sentence-transformers Pooling module states, in embedx's names where
+    it has them ('max' and the like where it does not): to warn of a mismatch, never to
+    choose one."""
+    modes = [name for key, name in ST_POOLING_MODES.items() if config.get(key)]
+    return "+".join(modes) or None
