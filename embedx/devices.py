@@ -169,9 +169,16 @@ def discover(settings: Settings) -> list[DeviceInfo]:
             )
         )
     weights = settings.device_weights
-    unknown = set(weights) - {d.key for d in found}
-    if unknown:
-        raise ConfigError(f"EMBEDX_DEVICE_WEIGHTS names devices not served: {sorted(unknown)}")
+    served = {d.key for d in found}
+    for variable, named in (
+        ("EMBEDX_DEVICE_WEIGHTS", weights),
+        ("EMBEDX_DEVICE_BATCH_TOKENS", settings.device_batch_tokens),
+    ):
+        if unknown := set(named) - served:  # a typo would otherwise do nothing, silently
+            raise ConfigError(
+                f"{variable} names devices not served: {sorted(unknown)} "
+                f"(served: {sorted(served)}; EMBEDX_DEVICES chooses them)"
+            )
     found = [dataclasses.replace(d, score=weights.get(d.key, d.score)) for d in found]
     return sorted(found, key=lambda d: -d.score)
 

@@ -42,6 +42,12 @@ def test_device_weights_replace_the_static_score() -> None:
         discover(load_settings(environ={"EMBEDX_DEVICE_WEIGHTS": "0=1"}))
 
 
+def test_a_per_device_budget_for_a_device_not_served_is_refused() -> None:
+    assert discover(load_settings(environ={"EMBEDX_DEVICE_BATCH_TOKENS": "cpu=2048"}))
+    with pytest.raises(ConfigError, match="EMBEDX_DEVICE_BATCH_TOKENS names devices not served"):
+        discover(load_settings(environ={"EMBEDX_DEVICE_BATCH_TOKENS": "0=16384"}))
+
+
 def test_budget_comes_from_free_memory_and_bytes_per_token() -> None:
     # 10 GiB free, 85% usable, 2 batches in flight of 20 KiB a token
     budget = token_budget(10 << 30, 20 * 1024, 2, cap=1 << 30)
