@@ -55,6 +55,8 @@ def test_an_interrupted_embed_drops_the_texts_it_had_not_embedded(
         """
         import os, signal, sys, threading, time
         from embedx import Embedder
+        # as an interactive Python has it: a shell's background job inherits SIGINT ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         e = Embedder(sys.argv[1], pooling="mean")
         texts = [f"text number {i}, " + "long enough to take a while " * 8 for i in range(4000)]
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
