@@ -106,6 +106,7 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
     from embedx.devices import discover
     from embedx.models.catalog import load_catalog
     from embedx.models.source import check_exists
+    from embedx.registry import check_default_model
 
     try:
         catalog = load_catalog(settings.models_file)
@@ -121,6 +122,11 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
     if unpooled:  # `serve` would stop at start-up: no request states their pooling
         print(f"embedx check: EMBEDX_PRELOAD names models without a pooling in the catalog: "
               f"{unpooled}", file=sys.stderr)  # fmt: skip
+        return EXIT_CONFIG
+    try:
+        check_default_model(settings, catalog)
+    except EmbedxError as exc:
+        print(f"embedx check: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG
     for name in settings.preload:  # `serve` would stop at start-up: nothing to load
         try:

@@ -233,7 +233,8 @@ class Settings:
     default_model: str | None = _setting(
         None,
         _optional(_text),
-        "Model for /embed requests that name none, as TEI's clients send them.",
+        "Catalog model (with a pooling) for /embed requests that name none, as TEI's clients "
+        "send them.",
         "the first of EMBEDX_PRELOAD",
     )
     models_file: Path | None = _setting(
@@ -355,7 +356,14 @@ def load_settings(
             raise ConfigError(f"unknown setting {key!r}.{_did_you_mean(key, names)}")
         values[key] = _parse(key, raw, "--" + key.replace("_", "-"))
 
-    return Settings(**values)
+    settings = Settings(**values)
+    if len(settings.preload) > settings.max_loaded_models:  # preloaded models stay resident
+        raise ConfigError(
+            f"EMBEDX_PRELOAD names {len(settings.preload)} models, more than "
+            f"EMBEDX_MAX_LOADED_MODELS ({settings.max_loaded_models}) can hold: they are never "
+            "unloaded"
+        )
+    return settings
 
 
 def settings_table() -> str:

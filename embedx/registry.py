@@ -8,7 +8,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +17,7 @@ from embedx import heap
 from embedx.config import Settings
 from embedx.engine import Engine, EngineOptions, EngineState
 from embedx.errors import (
+    ConfigError,
     InvalidOption,
     ModelNotFound,
     ModelsBusy,
@@ -192,10 +193,16 @@ class ModelRegistry:
                 for r in self._models.values()
                 if r.users == 0 and r.engine is not None and r.keep_alive_s != FOREVER
             ]
+            if not idle and all(r.keep_alive_s == FOREVER for r in self._models.values()):
+                raise ModelsBusy(  # no retry will help
+                    f"{len(self._models)} models are resident (EMBEDX_MAX_LOADED_MODELS), all "
+                    "preloaded (EMBEDX_PRELOAD), which stay: ask for one of them, or the "
+                    "operator raises the cap"
+                )
             if not idle:
                 raise ModelsBusy(
                     f"{len(self._models)} models are resident (EMBEDX_MAX_LOADED_MODELS) and all "
-                    "are in use or loading; try again shortly"
+                    "are in use, loading or preloaded; try again shortly"
                 )
             victim = min(idle, key=lambda r: r.last_used)
             evicted = self._evict(victim, "to make room")
@@ -342,6 +349,17 @@ class ModelRegistry:
                 if not worker.slot.active:
                     found.append(f"{resident.spec.name}: {worker.slot.name} ({worker.slot.reason})")
         return found
+
+
+def check_default_model(settings: Settings, catalog: Mapping[str, ModelSpec]) -> None:
+    """EMBEDX_DEFAULT_MODEL serves TEI's clients, which name no model and can state no
+    pooling: it must be a catalog entry that states one."""
+    name = settings.default_model
+    if name is not None and (name not in catalog or catalog[name].pooling is None):
+        raise ConfigError(
+            f"EMBEDX_DEFAULT_MODEL {name!r} must be a catalog model with a pooling (in "
+            "EMBEDX_MODELS_FILE): the requests it serves name no model and state no pooling"
+        )
 
 
 def _asked_length(name: str, reads: int | None, asked: int | None) -> None:

@@ -66,6 +66,11 @@ def test_a_bad_value_names_its_key_and_value(variable: str, value: str, named: s
     assert repr(value) in caught.value.message
 
 
+def test_more_preloads_than_resident_models_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="never unloaded"):  # serve would fail at the second
+        load_settings(environ={"EMBEDX_PRELOAD": "a,b", "EMBEDX_MAX_LOADED_MODELS": "1"})
+
+
 def test_a_config_path_that_points_nowhere_is_an_error(tmp_path: Path) -> None:
     missing = tmp_path / "missing.toml"
     with pytest.raises(ConfigError, match="not a file"):

@@ -132,6 +132,14 @@ def test_check_refuses_a_preload_whose_source_is_nowhere(tmp_path: Path) -> None
     assert "EMBEDX_PRELOAD's 'a'" in done.stderr
 
 
+def test_the_default_model_must_be_a_catalog_model_with_a_pooling() -> None:
+    assert run_cli("check", env={"EMBEDX_DEFAULT_MODEL": MINILM_NAME}).returncode == 0
+    for command in ("check", "serve"):  # TEI's clients could never state its pooling
+        done = run_cli(command, env={"EMBEDX_DEFAULT_MODEL": "does/not-exist"})
+        assert done.returncode == 2, done.stderr
+        assert "EMBEDX_DEFAULT_MODEL" in done.stderr
+
+
 def test_the_models_file_example_loads_as_documented(tmp_path: Path) -> None:
     from embedx.models.catalog import load_catalog
 

@@ -226,9 +226,10 @@ def test_tei_clients_that_name_no_model_get_the_preloaded_one(
     from huggingface_hub import InferenceClient, constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # it refuses even 127.0.0.1 offline
-    tei = InferenceClient(model=f"{server.url}/embed")
     alone = embedder.embed(reference_texts[:1])[0]
-    assert np.array_equal(tei.feature_extraction(reference_texts[0])[0], alone)
+    for url in (f"{server.url}/embed", server.url):  # TEI serves its task at / too
+        tei = InferenceClient(model=url)
+        assert np.array_equal(tei.feature_extraction(reference_texts[0])[0], alone)
     error = assert_envelope(
         post(server, "/embed", json={"inputs": "x", "prompt_name": "q"}), 400, "invalid_option"
     )
@@ -327,6 +328,10 @@ def test_a_body_not_labelled_json_or_compressed_is_a_415(server: Server) -> None
             response = post(server, path, content=body, headers=headers)
             error = assert_envelope(response, 415, "unsupported_media_type")
             assert "Content-" in error["message"], error
+    response = post(
+        server, "/v1/embeddings", content=body, headers={"content-type": "application/+json"}
+    )
+    assert_envelope(response, 415, "unsupported_media_type")
     for label in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.x+json"):
         response = post(server, "/v1/embeddings", content=body, headers={"content-type": label})
         assert response.status_code == 200, (label, response.text)
@@ -433,10 +438,13 @@ def test_a_model_whose_files_cannot_be_built_is_a_400_and_the_server_goes_on(
     server: Server, tmp_path: Path, minilm_dir: Path
 ) -> None:
     def broken(
-        name: str, config: dict[str, Any] | None = None, weights: bytes | None = None
+        name: str,
+        config: dict[str, Any] | None = None,
+        weights: bytes | None = None,
+        without: tuple[str, ...] = (),
     ) -> str:
         directory = tmp_path / name
-        shutil.copytree(minilm_dir, directory)
+        shutil.copytree(minilm_dir, directory, ignore=shutil.ignore_patterns(*without))
         if config is not None:
             settings = json.loads((directory / "config.json").read_text())
             settings.update(config)
@@ -450,10 +458,13 @@ def test_a_model_whose_files_cannot_be_built_is_a_400_and_the_server_goes_on(
         broken("unknown", config={"model_type": "no-such-architecture"}),
         broken("keyless", config={"vocab_size": None}),
         broken("garbled", weights=b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header"),
+        # transformers would serve these, from random weights or with every word [UNK]
+        broken("misdescribed", config={"model_type": "distilbert"}),
+        broken("untokenized", without=("tokenizer*", "vocab.txt", "special_tokens_map.json")),
     ):
         body = {"model": model, "input": "x", "pooling": "mean"}
         error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, "invalid_model")
-        assert "could not be built" in error["message"], error
+        assert model in error["message"], error
     body = {"model": MINILM_NAME, "input": "still serving"}
     assert post(server, "/v1/embeddings", json=body).status_code == 200
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embedx.errors import InputTooLong, InvalidInput, ShuttingDown
+from embedx.errors import InputTooLong, InvalidInput, InvalidModel, ShuttingDown
 
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
@@ -51,6 +51,8 @@ CHARS_PER_TOKEN = 16
 # A cut this close to a text's start (one long word, or none, before it) is not trusted:
 # the whole text is tokenized instead.
 CUT_MARGIN_CHARS = 64
+# Where a model without tokenizer.json keeps its vocabulary (transformers converts these).
+SLOW_TOKENIZER_FILES = ("vocab.txt", "vocab.json", "*.model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +409,10 @@ def _load(files: ModelFiles) -> Tokenizer:
     path = files.directory / "tokenizer.json"
     if path.is_file():
         return Tokenizer.from_file(str(path))
+    if not any(any(files.directory.glob(name)) for name in SLOW_TOKENIZER_FILES):
+        # transformers would make a tokenizer with no vocabulary: every word [UNK]
+        raise InvalidModel(f"{files.origin} has no tokenizer: no tokenizer.json, vocab.txt, "
+                           "vocab.json or sentencepiece model", param="model")  # fmt: skip
     # Only slow-tokenizer files (vocab.txt, sentencepiece): transformers converts them.
     from transformers import AutoTokenizer
 

@@ -18,11 +18,30 @@ class TransformersEncoder:
         import transformers
         from transformers import AutoModel
 
+        from embedx.errors import InvalidModel
+
         # use_safetensors: never fall back to a pickle, even if one sits beside the weights.
         options: dict[str, Any] = {"use_safetensors": True, "local_files_only": True}
         major = int(transformers.__version__.split(".")[0])
         options["dtype" if major >= 5 else "torch_dtype"] = dtype
-        self.model = AutoModel.from_pretrained(str(files.directory), **options)
+        self.model, loading = AutoModel.from_pretrained(
+            str(files.directory), output_loading_info=True, **options
+        )
+        # Weights the checkpoint lacks are random: refuse, but for the pooler (which embedx
+        # never runs, and sentence-transformers checkpoints often drop) and buffers.
+        missing = [
+            key
+            for key in loading["missing_keys"]
+            if not key.startswith("pooler.") and not key.endswith("position_ids")
+        ]
+        if missing:
+            kind = files.config.get("model_type")
+            raise InvalidModel(
+                f"{files.origin}: its weights lack {len(missing)} of the {kind!r} architecture's "
+                f"tensors ({', '.join(sorted(missing)[:3])}, ...): does config.json describe "
+                "these weights?",
+                param="model",
+            )
         self.model.to(device).eval()
         self.pad_id = int(files.config.get("pad_token_id") or 0)
         self.causal = bool(getattr(self.model.config, "is_decoder", False)) or (

@@ -11,7 +11,7 @@ from blacksheep.server.routing import Router
 
 from embedx.config import Settings
 from embedx.errors import Bug, EmbedxError, MethodNotAllowed, NotFound
-from embedx.registry import ModelRegistry
+from embedx.registry import ModelRegistry, check_default_model
 from embedx.server import admin, embeddings
 from embedx.server.admission import Admission
 from embedx.server.edge import REQUEST_ID, Edge, route_of
@@ -26,6 +26,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/v1/models", embeddings.list_models),
     ("GET", "/v1/models/{path:model}", embeddings.retrieve_model),
     ("POST", "/embed", embeddings.embed_tei),
+    ("POST", "/", embeddings.embed_tei),  # TEI's route too: clients given the bare URL post here
     ("GET", "/health", admin.health),
     ("GET", "/info", admin.info),
     ("GET", "/metrics", admin.metrics),
@@ -44,6 +45,7 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> Edg
         registry = ModelRegistry(
             settings, load_catalog(settings.models_file), discover(settings), open_accelerator
         )
+    check_default_model(settings, registry.catalog)
     admission = Admission(settings.max_concurrent_requests, settings.request_queue_timeout_s)
     state = ServerState(settings, registry, registry.devices, admission)
     app = Application(router=Router())

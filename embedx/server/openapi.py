@@ -193,6 +193,9 @@ def openapi_spec() -> dict[str, Any]:
             "/embed": {"post": _operation(
                 "Embed (text-embeddings-inference)", _VECTORS, request=_TEI_REQUEST,
                 errors=embedding_errors)},
+            "/": {"post": _operation(
+                "As /embed: TEI serves its model's task here", _VECTORS, request=_TEI_REQUEST,
+                errors=embedding_errors)},
             "/health": {"get": {**_operation("ok, degraded (a device quarantined) or draining",
                                              _HEALTH, errors=(503,)), "security": []}},
             "/info": {"get": _operation(

@@ -51,8 +51,8 @@ def check_json_body(content_type: bytes | None, content_encoding: bytes | None) 
         )
     media = (content_type or b"").partition(b";")[0].strip().lower()
     if media != b"application/json" and not (
-        media.startswith(b"application/") and media.endswith(b"+json")
-    ):
+        media.startswith(b"application/") and media.endswith(b"+json") and len(media) > 17
+    ):  # 17: application/+json, which names no type
         given = f"`{media.decode('latin-1')}`" if media else "none"
         raise UnsupportedMediaType(
             f"send the body as JSON with `Content-Type: application/json` (the request had {given})"
