@@ -14,10 +14,11 @@ import numpy as np
 
 from embedx.config import Settings, load_settings
 from embedx.engine import EmbedOptions, Engine
-from embedx.errors import PoolingRequired
+from embedx.errors import PoolingRequired, ShuttingDown
 
 T = TypeVar("T")
 SIGNAL_CHECK_S = 0.1
+CLOSED_WHILE_RUNNING = "the Embedder was closed while this call ran"
 
 
 class Embedder:
@@ -95,7 +96,10 @@ class Embedder:
         """(N, D) float32 vectors in the order of `texts` (a single string gives (1, D)).
         Interrupting it (Ctrl-C) drops the texts it has not embedded yet."""
         loop = self._open_loop()
-        return loop.call(self._embed(texts, dimensions, normalize, input_type, truncate))
+        try:
+            return loop.call(self._embed(texts, dimensions, normalize, input_type, truncate))
+        except ShuttingDown:  # the engine's words are for a server's clients
+            raise RuntimeError(CLOSED_WHILE_RUNNING) from None
 
     async def aembed(
         self,
@@ -109,7 +113,15 @@ class Embedder:
         """`embed` for async code: awaits the engine on its own loop, from any other loop.
         Cancelling it drops the texts it has not embedded yet."""
         loop = self._open_loop()
-        return await loop.wrap(self._embed(texts, dimensions, normalize, input_type, truncate))
+        try:
+            return await loop.wrap(self._embed(texts, dimensions, normalize, input_type, truncate))
+        except ShuttingDown:
+            raise RuntimeError(CLOSED_WHILE_RUNNING) from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller's own cancellation
+            raise RuntimeError(CLOSED_WHILE_RUNNING) from None
 
     async def _embed(
         self,
@@ -126,7 +138,7 @@ class Embedder:
     def close(self) -> None:
         """Unload the model and stop the background loop. Safe to call twice."""
         loop, self._loop = self._loop, None
-        if loop is None:
+        if loop is None or loop.pid != os.getpid():  # closed, or a forked child's copy
             return
         engine: Engine | None = getattr(self, "_engine", None)
         try:
@@ -138,6 +150,8 @@ class Embedder:
     def _open_loop(self) -> _LoopThread:
         if self._loop is None:
             raise RuntimeError("this Embedder is closed: its model was unloaded; make a new one")
+        if self._loop.pid != os.getpid():  # a forked child has no loop thread: it would hang
+            raise RuntimeError("an Embedder does not cross a fork: make one in the child process")
         return self._loop
 
     def __enter__(self) -> Embedder:
@@ -158,6 +172,7 @@ class _LoopThread:
     never closes its Embedder still exits (a non-daemon thread would keep it alive)."""
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="embedx-embedder", daemon=True
@@ -173,6 +188,8 @@ class _LoopThread:
             while not concurrent.futures.wait([future], timeout=SIGNAL_CHECK_S).done:
                 pass
             return future.result()
+        except concurrent.futures.CancelledError:  # not by this thread: by `stop`
+            raise RuntimeError(CLOSED_WHILE_RUNNING) from None
         except BaseException:
             future.cancel()  # a no-op if it already finished (with that exception)
             raise
@@ -183,6 +200,16 @@ class _LoopThread:
         return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
 
     def stop(self) -> None:
+        """Cancel what still runs here (calls from other threads, a tokenizer's wait), so
+        that none of their callers waits for ever, then stop the loop and its thread."""
+
+        async def cancel_the_rest() -> None:
+            rest = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(cancel_the_rest(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,65 @@ def test_settings_and_overrides_together_are_refused(minilm_dir: Path) -> None:
 
     with pytest.raises(TypeError, match="not both"):  # the overrides used to be dropped
         Embedder(minilm_dir, pooling="mean", settings=load_settings(), wrapping="q: {text}")
+
+
+def test_closing_an_embedder_ends_the_calls_in_flight_with_an_error(minilm_dir: Path) -> None:
+    embedder = Embedder(minilm_dir, pooling="mean")
+    texts = [f"text {i} " + "with words enough " * 10 for i in range(1500)]
+    outcomes: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            embedder.embed(texts)
+            outcomes.append(None)
+        except BaseException as exc:  # what the caller hears
+            outcomes.append(exc)
+
+    async def acall() -> None:
+        try:
+            await embedder.aembed(texts)
+            outcomes.append(None)
+        except BaseException as exc:
+            outcomes.append(exc)
+
+    callers = [threading.Thread(target=call), threading.Thread(target=asyncio.run, args=(acall(),))]
+    for caller in callers:
+        caller.start()
+    time.sleep(0.3)  # both still tokenizing or queued
+    embedder.close()
+    for caller in callers:
+        caller.join(30)
+        assert not caller.is_alive(), "a call outlived its Embedder's close"
+    assert len(outcomes) == 2
+    for outcome in outcomes:  # an error that says so, or the vectors if they were in time
+        assert outcome is None or "Embedder was closed" in str(outcome), repr(outcome)
+
+
+def test_a_forked_child_is_told_to_make_its_own_embedder(minilm_dir: Path) -> None:
+    done = run_script(
+        """
+        import multiprocessing, sys
+        from embedx import Embedder
+        e = Embedder(sys.argv[1], pooling="mean")
+
+        def child():
+            try:
+                e.embed(["x"])
+            except RuntimeError as exc:
+                print(exc, flush=True)
+
+        process = multiprocessing.get_context("fork").Process(target=child)
+        process.start()
+        process.join(60)
+        print(process.exitcode, e.embed(["x"]).shape)
+        """,
+        str(minilm_dir),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == [
+        "an Embedder does not cross a fork: make one in the child process",
+        "0 (1, 384)",
+    ], done.stdout
 
 
 def test_a_script_that_never_closes_its_embedder_still_exits(minilm_dir: Path) -> None:
