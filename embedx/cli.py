@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -174,8 +175,11 @@ def _embed(settings: Settings, model: str, texts: Sequence[str], pooling: str | 
               "--pooling cls|mean|last_token", file=sys.stderr)  # fmt: skip
         return 1
     with embedder:
-        for vector in embedder.embed(texts):
-            print(json.dumps([round(float(x), 7) for x in vector]))
+        try:
+            for vector in embedder.embed(texts):
+                print(json.dumps([round(float(x), 7) for x in vector]))
+        except BrokenPipeError:  # `| head`: the reader had enough
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_OK
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from embedx.config import Settings, load_settings
 from embedx.engine import EmbedOptions, Engine
-from embedx.errors import PoolingRequired, ShuttingDown
+from embedx.errors import InvalidInput, PoolingRequired, ShuttingDown
 
 T = TypeVar("T")
 SIGNAL_CHECK_S = 0.1
@@ -132,6 +132,7 @@ class Embedder:
         truncate: bool,
     ) -> np.ndarray:
         batch = [texts] if isinstance(texts, str) else texts
+        _check_unicode(batch)
         options = EmbedOptions(dimensions, normalize, truncate, input_type)
         return (await self._engine.embed(batch, options)).vectors
 
@@ -165,6 +166,21 @@ class Embedder:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _check_unicode(texts: Sequence[str]) -> None:
+    """A lone surrogate (undecodable bytes read with `surrogateescape`, say) fails the
+    tokenizer with a TypeError naming no text. The server's JSON never holds one."""
+    for index, text in enumerate(texts):
+        if isinstance(text, str) and not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidInput(
+                    f"input[{index}] is not valid Unicode: {exc.reason} at character "
+                    f"{exc.start} (bytes that were not UTF-8?)",
+                    param="input",
+                ) from None
 
 
 class _LoopThread:

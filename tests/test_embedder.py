@@ -28,6 +28,16 @@ def run_script(source: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_a_text_that_is_not_valid_unicode_is_named(minilm_dir: Path) -> None:
+    from embedx.errors import InvalidInput
+
+    with Embedder(minilm_dir, pooling="mean") as embedder:
+        # what undecodable bytes become when read with surrogateescape (a C-locale stdin)
+        with pytest.raises(InvalidInput, match=r"input\[1\] is not valid Unicode"):
+            embedder.embed(["fine", "caf\udce9"])
+        assert embedder.embed(["café"]).shape == (1, 384)
+
+
 def test_settings_and_overrides_together_are_refused(minilm_dir: Path) -> None:
     from embedx.config import load_settings
 
