@@ -267,6 +267,13 @@ def test_every_request_leaves_an_access_line_with_its_id(server: Server) -> None
         time.sleep(0.05)
     line = next(line for line in server.output().splitlines() if f"id={request_id}" in line)
     assert "embedx.access: POST /v1/embeddings 200 " in line
+    refused = post(server, "/v1/embeddings", json={"model": MINILM_NAME})  # a 400: one line too
+    refused_id = refused.headers["x-request-id"]
+    deadline = time.monotonic() + 10
+    while f"id={refused_id}" not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f"id={refused_id}" in server.output()
+    assert "Handled error" not in server.output()
     # a client's (or proxy's) own id is kept, so that both logs name the request alike
     for given, kept in (("client-42/a.b", True), ("two words", False), ("x" * 129, False)):
         response = httpx.get(server.url + "/health", headers={"x-request-id": given})

@@ -49,6 +49,9 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> Edg
     admission = Admission(settings.max_concurrent_requests, settings.request_queue_timeout_s)
     state = ServerState(settings, registry, registry.devices, admission)
     app = Application(router=Router())
+    # embedx's access log has a line a request; BlackSheep's (set to INFO as the app is
+    # made) would add one for each 4xx
+    app.logger.setLevel(logging.WARNING)
     for method, path, handler in ROUTES:
         app.router.add(method, path, _bound(state, handler))
     app.router.fallback = _fallback
