@@ -231,6 +231,8 @@ def _unbuildable(name: str, error: Exception) -> Exception:
     """What a failure to build a model from its files is: embedx's own errors as they are;
     any other (a config transformers does not know or that lacks a key, weights that are not
     safetensors inside) the model's fault, a 400, its traceback logged."""
+    if isinstance(error, InvalidModel) and error.param is None:  # raised deep in the loader
+        return InvalidModel(f"model {name!r}: {error.message}", param="model")
     if isinstance(error, EmbedxError):
         return error
     log.warning("model %r could not be built", name, exc_info=error)

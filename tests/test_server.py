@@ -467,11 +467,13 @@ def test_a_model_whose_files_cannot_be_built_is_a_400_and_the_server_goes_on(
         broken("garbled", weights=b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header"),
         # transformers would serve these, from random weights or with every word [UNK]
         broken("misdescribed", config={"model_type": "distilbert"}),
+        broken("deeper", config={"num_hidden_layers": 7}),  # embedx's own BERT code finds it
         broken("untokenized", without=("tokenizer*", "vocab.txt", "special_tokens_map.json")),
     ):
         body = {"model": model, "input": "x", "pooling": "mean"}
         error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, "invalid_model")
         assert model in error["message"], error
+        assert error["param"] == "model"
     body = {"model": MINILM_NAME, "input": "still serving"}
     assert post(server, "/v1/embeddings", json=body).status_code == 200
 
