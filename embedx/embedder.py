@@ -96,10 +96,7 @@ class Embedder:
         """(N, D) float32 vectors in the order of `texts` (a single string gives (1, D)).
         Interrupting it (Ctrl-C) drops the texts it has not embedded yet."""
         loop = self._open_loop()
-        try:
-            return loop.call(self._embed(texts, dimensions, normalize, input_type, truncate))
-        except ShuttingDown:  # the engine's words are for a server's clients
-            raise RuntimeError(CLOSED_WHILE_RUNNING) from None
+        return loop.call(self._embed(texts, dimensions, normalize, input_type, truncate))
 
     async def aembed(
         self,
@@ -115,8 +112,6 @@ class Embedder:
         loop = self._open_loop()
         try:
             return await loop.wrap(self._embed(texts, dimensions, normalize, input_type, truncate))
-        except ShuttingDown:
-            raise RuntimeError(CLOSED_WHILE_RUNNING) from None
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -134,7 +129,10 @@ class Embedder:
         batch = [texts] if isinstance(texts, str) else texts
         _check_unicode(batch)
         options = EmbedOptions(dimensions, normalize, truncate, input_type)
-        return (await self._engine.embed(batch, options)).vectors
+        try:
+            return (await self._engine.embed(batch, options)).vectors
+        except ShuttingDown:  # the engine's words are for a server's clients
+            raise RuntimeError(CLOSED_WHILE_RUNNING) from None
 
     def close(self) -> None:
         """Unload the model and stop the background loop. Safe to call twice."""

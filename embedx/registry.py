@@ -193,13 +193,13 @@ class ModelRegistry:
                 for r in self._models.values()
                 if r.users == 0 and r.engine is not None and r.keep_alive_s != FOREVER
             ]
-            if not idle and all(r.keep_alive_s == FOREVER for r in self._models.values()):
-                raise ModelsBusy(  # no retry will help
-                    f"{len(self._models)} models are resident (EMBEDX_MAX_LOADED_MODELS), all "
-                    "preloaded (EMBEDX_PRELOAD), which stay: ask for one of them, or the "
-                    "operator raises the cap"
-                )
             if not idle:
+                if all(r.keep_alive_s == FOREVER for r in self._models.values()):
+                    raise ModelsBusy(  # no retry will help
+                        f"{len(self._models)} models are resident (EMBEDX_MAX_LOADED_MODELS), "
+                        "all preloaded (EMBEDX_PRELOAD), which stay: ask for one of them, or "
+                        "the operator raises the cap"
+                    )
                 raise ModelsBusy(
                     f"{len(self._models)} models are resident (EMBEDX_MAX_LOADED_MODELS) and all "
                     "are in use, loading or preloaded; try again shortly"

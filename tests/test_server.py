@@ -600,6 +600,19 @@ def test_the_openapi_request_schemas_name_exactly_the_fields_the_server_accepts(
         assert set(schema["properties"]) == fields, path
 
 
+def test_a_tei_request_naming_no_model_on_a_server_with_no_default_says_how_to_set_one() -> None:
+    from embedx.errors import InvalidOption
+    from embedx.server.validation import parse_openai, parse_tei
+
+    for body in (b'{"inputs": "x"}', b'{"inputs": "x", "model": ""}'):
+        with pytest.raises(InvalidOption, match="EMBEDX_DEFAULT_MODEL") as caught:
+            parse_tei(body, 10, None)
+        assert caught.value.param == "model"
+    assert parse_tei(b'{"inputs": "x"}', 10, "m").model == "m"
+    with pytest.raises(InvalidOption, match=r"is required: the name of the model to embed with$"):
+        parse_openai(b'{"input": "x"}', 10)  # OpenAI's clients always send one: no hint
+
+
 def test_a_client_that_hangs_up_has_its_texts_dropped(
     server: Server, reference_texts: list[str]
 ) -> None:

@@ -77,15 +77,23 @@ def _unknown(data: dict[str, Any], known: set[str]) -> None:
         raise InvalidOption(f"unrecognized request argument(s): {', '.join(extra)}", param=extra[0])
 
 
-def _model(data: dict[str, Any], default: str | None = None) -> str:
+def _model(data: dict[str, Any], default: str | None, *, defaultable: bool) -> str:
+    """The request's model, or (where the route has one, `defaultable`) the server's
+    default for requests that name none."""
     model = data.get("model")
     if model is None and default is not None:
         return default
     if model is not None and not isinstance(model, str):
         raise InvalidOption(f"`model` must be a string, not {_json_type(model)}", param="model")
     if model is None or not model.strip():
+        hint = (
+            " (or start the server with EMBEDX_DEFAULT_MODEL, or a model in EMBEDX_PRELOAD, "
+            "for requests that name none)"
+            if defaultable
+            else ""
+        )
         raise InvalidOption(
-            "`model` is required: the name of the model to embed with", param="model"
+            f"`model` is required: the name of the model to embed with{hint}", param="model"
         )
     return model
 
@@ -202,7 +210,14 @@ def parse_openai(body: bytes, max_items: int) -> EmbedRequest:
     user = data.get("user")
     if user is not None and not isinstance(user, str):
         raise InvalidOption("`user` must be a string", param="user")
-    return _request(data, "input", max_items, base64=encoding == "base64")
+    return _request(
+        data,
+        "input",
+        max_items,
+        model=_model(data, None, defaultable=False),
+        input_type=_choice(data, "input_type", INPUT_TYPES),
+        base64=encoding == "base64",
+    )
 
 
 def parse_tei(body: bytes, max_items: int, default_model: str | None) -> EmbedRequest:
@@ -213,13 +228,6 @@ def parse_tei(body: bytes, max_items: int, default_model: str | None) -> EmbedRe
     _unknown(data, TEI_FIELDS)
     if data.get("truncation_direction") not in (None, "right", "Right"):  # null: TEI's default
         raise InvalidOption("only right truncation is supported", param="truncation_direction")
-    if data.get("model") is None and default_model is None:
-        raise InvalidOption(
-            "`model` is required: the name of the model to embed with (or start the server "
-            "with EMBEDX_DEFAULT_MODEL, or a model in EMBEDX_PRELOAD, for requests that "
-            "name none)",
-            param="model",
-        )
     prompt = _choice(data, "prompt_name", INPUT_TYPES)
     input_type = _choice(data, "input_type", INPUT_TYPES)
     if prompt is not None and input_type is not None and prompt != input_type:
@@ -230,7 +238,7 @@ def parse_tei(body: bytes, max_items: int, default_model: str | None) -> EmbedRe
         data,
         "inputs",
         max_items,
-        default_model=default_model,
+        model=_model(data, default_model, defaultable=True),
         input_type=prompt or input_type,
         normalize=_bool(data, "normalize"),
         truncate=bool(_bool(data, "truncate")),
@@ -241,16 +249,18 @@ def _request(
     data: dict[str, Any],
     texts: str,
     max_items: int,
-    default_model: str | None = None,
-    input_type: str | None = None,
+    *,
+    model: str,
+    input_type: str | None,
     **family: Any,
 ) -> EmbedRequest:
-    """The fields both API families share, then each family's own."""
+    """The fields both API families share, then each family's own (the model and the
+    prompt each family finds its own way)."""
     return EmbedRequest(
-        model=_model(data, default_model),
+        model=model,
         texts=_texts(data.get(texts), texts, max_items),
         load=_load(data),
         dimensions=_positive_int(data, "dimensions"),
-        input_type=input_type or _choice(data, "input_type", INPUT_TYPES),
+        input_type=input_type,
         **family,
     )
