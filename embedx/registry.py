@@ -174,11 +174,16 @@ class ModelRegistry:
         if resident.timer is not None:
             resident.timer.cancel()
             resident.timer = None
+        task = resident.task
+        assert task is not None
         try:
-            assert resident.task is not None
-            await asyncio.shield(resident.task)
+            await asyncio.shield(task)
         except BaseException:
             self._release(resident)
+            current = asyncio.current_task()
+            if task.cancelled() and not (current and current.cancelling()):
+                # the load, not this request, was cancelled: the server is shutting down
+                raise ShuttingDown("the server shut down while the model loaded") from None
             raise
         return resident
 

@@ -314,3 +314,27 @@ def test_registry_module_imports_without_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_a_request_waiting_for_a_load_when_the_server_drains_is_told_so(
+    minilm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedx import engine as engine_module
+    from embedx.errors import ShuttingDown
+
+    async def slow(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(60)
+
+    monkeypatch.setattr(engine_module.Engine, "load", classmethod(slow))
+    models = registry()
+
+    async def use() -> None:
+        async with models.lease(str(minilm_dir), LoadRequest(pooling="mean")):
+            pass
+
+    waiting = asyncio.create_task(use())
+    await asyncio.sleep(0.2)
+    await models.drain(0)
+    with pytest.raises(ShuttingDown) as caught:  # a 503, not a cancelled request
+        await waiting
+    assert caught.value.status == 503
