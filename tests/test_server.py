@@ -488,6 +488,24 @@ def test_unknown_route_is_a_404_and_wrong_method_a_405(server: Server) -> None:
     assert response.headers["allow"] == "GET, HEAD"
 
 
+def test_a_path_with_escaped_spaces_or_bytes_is_a_404_not_a_500(server: Server) -> None:
+    for path in ("/v1/models/a%20b", "/v1/models/%C3%BC", "/nope%C3%BC", "/%ff", "/v1/models/%00"):
+        assert_envelope(httpx.get(server.url + path), 404, "model_not_found" if "models" in path
+                        else "not_found")  # fmt: skip
+    with pytest.raises(openai.NotFoundError):
+        client(server).models.retrieve("my model")
+    forged = "/nope%0A2026-12-01 00:00:00,000 INFO embedx.access: FORGED"
+    assert_envelope(httpx.get(server.url + forged), 404, "not_found")
+    deadline = time.monotonic() + 10  # the access line is written as the request finishes
+    while "FORGED" not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    forged_lines = [line for line in server.output().splitlines() if "FORGED" in line]
+    assert forged_lines, "no access line for the request"
+    assert forged_lines == [
+        line for line in server.output().splitlines() if "GET /nope\\n2026" in line
+    ], "a path's newline began a log line of its own"
+
+
 def test_head_is_a_get_without_its_body(server: Server) -> None:
     for path in ("/health", "/v1/models"):
         got = httpx.get(server.url + path)

@@ -98,7 +98,7 @@ class Edge:
             access.info(
                 "%s %s %d %.1f ms id=%s",
                 method,
-                path,
+                path if path.isprintable() else ascii(path)[1:-1],  # a %0A forges no line
                 response.status,
                 seconds * 1000,
                 request_id,

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from granian.rsgi import ProtocolClosed  # type: ignore[attr-defined]  # re-exported there
 
@@ -109,6 +110,9 @@ class _Exchange:
             self._protocol.response_bytes(self._status, self._headers, b"".join(self._body))
 
 
+PATH_SAFE = "/!$&'()*+,;=:@~"  # RFC 3986's path characters, left as they are
+
+
 def _asgi_scope(scope: RsgiScope) -> Scope:
     return {
         "type": "http",
@@ -117,6 +121,9 @@ def _asgi_scope(scope: RsgiScope) -> Scope:
         "method": scope.method,
         "scheme": scope.scheme,
         "path": scope.path,
+        # RSGI gives the path decoded; BlackSheep parses the raw one, which must be ASCII
+        # and carry no space: quoted again, `/v1/models/a%20b` is the name `a b`, not a 500
+        "raw_path": quote(scope.path, safe=PATH_SAFE).encode(),
         "query_string": scope.query_string.encode(),  # granian decodes it as UTF-8
         "root_path": "",
         "headers": [
