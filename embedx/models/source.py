@@ -26,7 +26,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # What a snapshot download fetches: configs, tokenizers and safetensors, never pickles.
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "*/*.json",
                   "*/*.safetensors"]  # fmt: skip
-REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?\Z")
 PACKAGE_PREFIX = "package:"  # a source in an installed Python package (models file only)
 
 
@@ -58,8 +58,8 @@ def resolve(source: str, revision: str | None = None) -> ModelFiles:
     if source.startswith(PACKAGE_PREFIX):
         directory = _package_directory(source.removeprefix(PACKAGE_PREFIX))
         return inspect_directory(directory, origin=source)
-    local = Path(source).expanduser()
-    if local.is_dir():
+    local = local_directory(source)
+    if local is not None:
         return inspect_directory(local.resolve(), origin=str(local))
     _check_repo_id(source)
     directory, resolved = _hub_snapshot(source, revision)
@@ -71,7 +71,7 @@ def check_exists(source: str, revision: str | None = None) -> None:
     no directory, not in the Hugging Face cache and (online) not on the hub. Downloads
     nothing. Asked before a request is told to state a pooling, so that a wrong name (an
     OpenAI model's, say) is a 404; a hub that cannot be reached leaves the question open."""
-    if source.startswith(PACKAGE_PREFIX) or Path(source).expanduser().is_dir():
+    if source.startswith(PACKAGE_PREFIX) or local_directory(source) is not None:
         return
     _check_repo_id(source)
     if _cached_snapshot(source, revision) is None:
@@ -79,8 +79,29 @@ def check_exists(source: str, revision: str | None = None) -> None:
             _hub_info(source, revision)
 
 
+def local_directory(source: str) -> Path | None:
+    """The directory `source` names, if it names one here. A name no path can be (blank, `~`
+    of no user, too long for the file system) names none: it may still be a repo id."""
+    if not source.strip():
+        return None
+    try:
+        path = Path(source).expanduser()
+        return path if path.is_dir() else None
+    except (RuntimeError, OSError, ValueError):  # no such user; ENAMETOOLONG; a NUL byte
+        return None
+
+
 def _check_repo_id(source: str) -> None:
-    if source.startswith(("/", ".", "~")) or not REPO_ID.match(source):
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    valid = not source.startswith(("/", ".", "~")) and REPO_ID.match(source) is not None
+    if valid:
+        try:
+            validate_repo_id(source)  # the hub's own rules (`--`, `..`, length), before asking it
+        except HFValidationError:
+            valid = False
+    if not valid:
         raise ModelNotFound(
             f"model {source!r} is not a directory and not a Hugging Face repo id", param="model"
         )
