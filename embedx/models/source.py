@@ -93,7 +93,7 @@ def local_directory(source: str) -> Path | None:
 
 def _check_repo_id(source: str) -> None:
     from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]
 
     valid = not source.startswith(("/", ".", "~")) and REPO_ID.match(source) is not None
     if valid:
