@@ -15,6 +15,7 @@ import enum
 import itertools
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -22,7 +23,11 @@ from embedx.batching import Cut, End, Item, Job, LengthBuckets
 from embedx.errors import EmbeddingFailed, NoDeviceAvailable, ShuttingDown
 from embedx.telemetry import LATENCY_BUCKETS_S, Histogram
 
-QUARANTINE_AFTER_FAILURES = 3  # consecutive failed batches before a device is taken out
+# A device is taken out once this many of its last QUARANTINE_WINDOW batches failed: not
+# only in a row, or one that fails two batches of three, succeeding in between, would keep
+# failing the items it takes back (each failure counts against them) and never be taken out.
+QUARANTINE_AFTER_FAILURES = 3
+QUARANTINE_WINDOW = 5
 MAX_ITEM_ATTEMPTS = 4  # failed batches an item may be part of before its job fails
 # A host-CPU device beside accelerators works only if it could do this share of the work.
 MIN_HOST_SHARE = 0.02
@@ -124,7 +129,7 @@ class DeviceSlot:
     state: DeviceState = DeviceState.ACTIVE
     reason: str | None = None
     inflight: list[Claim] = field(default_factory=list)
-    failures: int = 0  # consecutive
+    outcomes: deque[bool] = field(default_factory=lambda: deque(maxlen=QUARANTINE_WINDOW))
     tokens_done: int = 0
     batches_done: int = 0
     busy_s: float = 0.0
@@ -499,7 +504,7 @@ class ConvergingQueue:
         started = claim.started_at if claim.started_at is not None else claim.claimed_at
         elapsed = seconds if seconds is not None else now - started
         device.speed.observe(claim.tokens, elapsed)
-        device.failures = 0
+        device.outcomes.append(True)
         device.tokens_done += claim.tokens
         device.batches_done += 1
         device.busy_s += elapsed
@@ -526,7 +531,7 @@ class ConvergingQueue:
         if out_of_memory:
             device.budget = max(1, min(device.budget, claim.area) // 2)
         else:
-            device.failures += 1
+            device.outcomes.append(False)
         retry: list[Item] = []
         # Running out of memory is the batch's size, not its items' fault, unless it was one.
         blame = not out_of_memory or len(claim.items) == 1
@@ -546,8 +551,12 @@ class ConvergingQueue:
             else:
                 retry.append(item)
         self._requeue(retry)
-        if device.failures >= self.quarantine_after:
-            self.quarantine(device, f"{device.failures} batches failed in a row; last: {error!r}")
+        failed = device.outcomes.count(False)
+        if failed >= self.quarantine_after:
+            self.quarantine(
+                device,
+                f"{failed} of its last {len(device.outcomes)} batches failed; last: {error!r}",
+            )
         self._wake_all()
 
     def release(self, claim: Claim) -> None:

@@ -222,6 +222,28 @@ def test_a_device_that_keeps_failing_is_quarantined_and_its_work_goes_to_the_oth
     assert job.error is None
 
 
+def test_a_device_failing_most_batches_between_successes_is_quarantined_and_loses_nothing() -> None:
+    """Failing two batches of three: a success between failures does not clear its record,
+    and the items it failed are not failed for its sake."""
+    queue = ConvergingQueue(clock=Clock())
+    flaky = queue.add_device("flaky", budget=50, rate=1e7)
+    good = queue.add_device("good", budget=50, rate=1e5)
+    jobs = [job_of(queue, [10] * 12) for _ in range(6)]
+    batches = 0
+    while flaky.active and (claim := queue.claim(flaky)) is not None:
+        batches += 1
+        if batches % 3:
+            queue.fail(claim, RuntimeError("flaky"))
+        else:
+            queue.complete(claim)
+    assert not flaky.active
+    assert "3 of its last" in (flaky.reason or "")
+    while (claim := queue.claim(good)) is not None:
+        queue.complete(claim)
+    assert [job.error for job in jobs] == [None] * 6
+    assert all(job.remaining == 0 for job in jobs)
+
+
 def test_quarantine_revokes_claims_in_flight_so_late_results_are_ignored() -> None:
     queue = ConvergingQueue(clock=Clock())
     hung = queue.add_device("hung", budget=1000, rate=1e7)
