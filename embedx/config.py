@@ -275,7 +275,8 @@ class Settings:
     batch_timeout_s: float = _setting(
         60.0,
         _seconds,
-        "A batch running longer than this (and 20x its expected time) marks its device hung.",
+        "A batch running longer than this (and 20x its expected time) marks its device hung; "
+        "a load's own batches get at least 60 s.",
     )
     drain_timeout_s: float = _setting(
         30.0,

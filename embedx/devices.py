@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from embedx.config import Settings
-from embedx.errors import ConfigError
+from embedx.errors import ConfigError, DeviceHung
 
 if TYPE_CHECKING:
     import torch
@@ -31,10 +31,6 @@ CPU_BATCH_TOKENS = 4096
 # sleep there returned at once, so a loop awaiting a batch spun, taking a core and the
 # interpreter lock from the tokenizer's and the HTTP server's threads.
 POLL_S = 0.001
-
-
-class DeviceHung(RuntimeError):
-    """A batch ran far past its expected time."""
 
 
 @dataclass(frozen=True, slots=True)

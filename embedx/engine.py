@@ -21,9 +21,10 @@ import numpy as np
 
 from embedx import heap
 from embedx.batching import FLOATS, Item, Job, RowForm
-from embedx.devices import Accelerator, DeviceHung, token_budget
+from embedx.devices import Accelerator, token_budget
 from embedx.errors import (
     Bug,
+    DeviceHung,
     EmbedxError,
     EmptyInput,
     InvalidInput,
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("embedx.engine")
 
 HANG_FACTOR = 20  # a batch taking this many times its expected time marks its device hung
+# The load's own batches (probes, timings) compile kernels and fill caches, and nothing is
+# known of their expected time: never held to a deadline shorter than this.
+WARM_UP_TIMEOUT_S = 60.0
 # FlashAttention launches a block row per text, and CUDA allows 65535: batches stay below.
 MAX_BATCH_TEXTS = 32768
 SMOKE_TEXT = "embedx smoke test: the quick brown fox jumps over the lazy dog."
@@ -543,7 +547,8 @@ class Engine:
         started = time.perf_counter()
         launched = accelerator.launch(lambda: replica.run(host, 0, form))
         launch_s = time.perf_counter() - started
-        _, seconds = await accelerator.result(launched, self.options.batch_timeout_s)
+        deadline = max(self.options.batch_timeout_s, WARM_UP_TIMEOUT_S)
+        _, seconds = await accelerator.result(launched, deadline)
         return seconds, launch_s
 
     def _start_workers(self) -> None:
@@ -704,6 +709,11 @@ class Engine:
         heap.thaw()  # the next load freezes what is still alive
 
     # -- reporting -----------------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        """Whether any device still serves this model (not every one quarantined)."""
+        return bool(self.queue.active_devices())
 
     def describe(self) -> dict[str, Any]:
         return {

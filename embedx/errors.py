@@ -180,8 +180,21 @@ class SmokeTestFailed(Unavailable):
     retry_after_s = 60
 
 
+class DeviceHung(NoDeviceAvailable):
+    """A batch ran far past its expected time: its device is taken out of service."""
+
+    code = "device_hung"
+
+
 class ModelsBusy(Unavailable):
     code = "models_busy"
+
+    def __init__(self, message: str, *, retry: bool = True) -> None:
+        super().__init__(message)
+        self.retry = retry  # False: no retry will help, so no Retry-After for clients to obey
+
+    def headers(self) -> dict[str, str]:
+        return super().headers() if self.retry else {}
 
 
 class UnverifiableWeights(Unavailable):

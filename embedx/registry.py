@@ -153,9 +153,6 @@ class ModelRegistry:
             if request.dtype is not None:  # ignored once it is loaded, but never wrong
                 check_dtype(request.dtype)
             _asked_pooling(name, resident.spec.pooling, request.pooling)
-            engine = resident.engine
-            reads = engine.tokenizer.max_seq_len if engine else resident.spec.max_seq_len
-            _asked_length(name, reads, request.max_seq_len)
         else:
             spec = self.spec_for(name, request)
             if spec.pooling is None:
@@ -184,6 +181,12 @@ class ModelRegistry:
                 # the load, not this request, was cancelled: the server is shutting down
                 raise ShuttingDown("the server shut down while the model loaded") from None
             raise
+        assert resident.engine is not None
+        try:  # known once loaded: the catalog's, the first request's or the model's own
+            _asked_length(name, resident.engine.tokenizer.max_seq_len, request.max_seq_len)
+        except InvalidOption:
+            self._release(resident)
+            raise
         return resident
 
     def _reserve(self, spec: ModelSpec) -> Resident:
@@ -199,10 +202,11 @@ class ModelRegistry:
             ]
             if not idle:
                 if all(r.keep_alive_s == FOREVER for r in self._models.values()):
-                    raise ModelsBusy(  # no retry will help
+                    raise ModelsBusy(
                         f"{len(self._models)} models are resident (EMBEDX_MAX_LOADED_MODELS), "
                         "all preloaded (EMBEDX_PRELOAD), which stay: ask for one of them, or "
-                        "the operator raises the cap"
+                        "the operator raises the cap",
+                        retry=False,
                     )
                 raise ModelsBusy(
                     f"{len(self._models)} models are resident (EMBEDX_MAX_LOADED_MODELS) and all "
@@ -261,7 +265,9 @@ class ModelRegistry:
             return
         if self._models.get(resident.spec.name) is not resident:
             return
-        if resident.keep_alive_s <= 0:
+        if not resident.engine.serving:  # a device fault may pass: the next request reloads
+            self._evict(resident, "every device of it is quarantined")
+        elif resident.keep_alive_s <= 0:
             self._evict(resident, "keep_alive is 0")
         elif resident.keep_alive_s != FOREVER:
             resident.timer = asyncio.get_running_loop().call_later(

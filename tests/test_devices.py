@@ -13,11 +13,10 @@ from embedx.devices import (
     CpuAccelerator,
     CudaAccelerator,
     CudaLaunch,
-    DeviceHung,
     discover,
     token_budget,
 )
-from embedx.errors import ConfigError
+from embedx.errors import ConfigError, DeviceHung
 from tests.conftest import cpu_info
 
 pytestmark = pytest.mark.anyio

@@ -161,3 +161,9 @@ async def test_aembed_runs_from_another_loop_and_cancelling_it_drops_its_texts(
             await asyncio.wait_for(embedder.aembed(many), 0.3)
         await embedder.aembed(["one more"])
         assert embedder._engine.queue.pending_items == 0
+
+
+def test_a_batch_timeout_shorter_than_a_load_still_loads(minilm_dir: Path) -> None:
+    """The load's warm-up batches have no expected time to be held to: at least 60 s."""
+    with Embedder(str(minilm_dir), pooling="mean", batch_timeout_s=0.001) as embedder:
+        assert embedder.embed(["short deadline"]).shape == (1, 384)

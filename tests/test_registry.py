@@ -220,6 +220,12 @@ async def test_preloaded_models_stay_loaded_unless_their_entry_says_otherwise(
             await models.lease("qwen3-0.6b").__aenter__()
     assert models.describe()[0]["keep_alive_s"] is None
     await models.drain(5)
+    models = registry(tiny_models, max_loaded_models=2)
+    await models.preload(["bert-base", "bert-large"])
+    with pytest.raises(ModelsBusy) as caught:  # every resident pinned: no retry will help
+        await models.lease("qwen3-0.6b").__aenter__()
+    assert "Retry-After" not in caught.value.headers()
+    await models.drain(5)
 
 
 async def test_the_cap_holds_under_concurrent_cold_loads_and_busy_models_are_kept(
@@ -353,3 +359,24 @@ def test_a_blank_name_names_no_directory() -> None:
 
     with pytest.raises(ModelNotFound, match="not a directory"):  # not the working directory
         Embedder("", pooling="mean")
+
+
+async def test_a_max_seq_len_sent_while_the_model_loads_is_checked_once_it_has(
+    minilm_dir: Path,
+) -> None:
+    from embedx.errors import InvalidOption
+
+    models = registry()
+    path = str(minilm_dir)
+
+    async def use(request: LoadRequest) -> None:
+        async with models.lease(path, request):
+            pass
+
+    first = asyncio.create_task(use(LoadRequest(pooling="mean")))
+    await asyncio.sleep(0)  # the load has started; the model's length is not known yet
+    with pytest.raises(InvalidOption, match="reads 256 tokens"):
+        await use(LoadRequest(max_seq_len=16))
+    await first
+    assert models.residents()[0].users == 0
+    await models.drain(5)

@@ -61,6 +61,35 @@ async def test_a_quarantined_device_makes_health_degraded_and_info_names_it(
     await registry.drain(5)
 
 
+async def test_a_model_whose_every_device_failed_is_loaded_afresh_by_the_next_request(
+    minilm_dir: Path,
+) -> None:
+    """A passing fault (a transient driver error, say) must not leave the model refusing
+    every request until the server restarts."""
+    settings = load_settings({}, environ={})
+    catalog = load_catalog(None)
+    catalog["m"] = ModelSpec(name="m", source=str(minilm_dir), pooling=Pooling.MEAN)
+    registry = ModelRegistry(settings, catalog, [cpu_info("only")], CpuAccelerator)
+    app = create_app(settings, registry)
+    async with registry.lease("m") as engine:
+        for replica in engine.replicas:
+            replica.model.forward = SlowForward(  # type: ignore[method-assign]
+                replica.model.forward, fail=lambda b, n: RuntimeError("Xid 79 (injected)")
+            )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
+        body = {"model": "m", "input": ["a text", "another"]}
+        failed = await client.post("/v1/embeddings", json=body)
+        assert failed.status_code == 503
+        assert failed.json()["error"]["code"] == "no_device_available"
+        assert "Xid 79" in failed.json()["error"]["message"]
+        served = await client.post("/v1/embeddings", json=body)
+        assert served.status_code == 200, served.text
+        assert (await client.get("/health")).json()["status"] == "ok"
+    assert registry.loads == 2
+    await registry.drain(5)
+
+
 async def test_a_bug_in_a_route_is_a_500_naming_the_request_id_that_its_log_line_has(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
