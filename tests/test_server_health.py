@@ -90,6 +90,43 @@ async def test_a_model_whose_every_device_failed_is_loaded_afresh_by_the_next_re
     await registry.drain(5)
 
 
+async def test_requests_waiting_for_a_load_hold_no_slot_that_a_loaded_model_needs(
+    minilm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from embedx import engine as engine_module
+
+    loading = asyncio.Event()
+    original = engine_module.Engine.load.__func__  # type: ignore[attr-defined]
+
+    async def slow_for_cold(cls: type, spec: ModelSpec, *args: object) -> object:
+        if spec.name == "cold":
+            loading.set()
+            await asyncio.sleep(30)
+        return await original(cls, spec, *args)
+
+    monkeypatch.setattr(engine_module.Engine, "load", classmethod(slow_for_cold))
+    settings = load_settings(
+        {"max_concurrent_requests": "1", "request_queue_timeout_s": "5"}, environ={}
+    )
+    catalog = load_catalog(None)
+    for name in ("warm", "cold"):
+        catalog[name] = ModelSpec(name=name, source=str(minilm_dir), pooling=Pooling.MEAN)
+    registry = ModelRegistry(settings, catalog, [cpu_info()], CpuAccelerator)
+    await registry.preload(["warm"])
+    transport = httpx.ASGITransport(app=create_app(settings, registry))
+    async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
+        cold = asyncio.create_task(
+            client.post("/v1/embeddings", json={"model": "cold", "input": "x"})
+        )
+        await loading.wait()
+        warm = await client.post("/v1/embeddings", json={"model": "warm", "input": "x"})
+        assert warm.status_code == 200, warm.text  # not a 503 queue_timeout behind the load
+        cold.cancel()
+    await registry.drain(0)
+
+
 async def test_a_bug_in_a_route_is_a_500_naming_the_request_id_that_its_log_line_has(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

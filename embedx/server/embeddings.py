@@ -20,7 +20,8 @@ from embedx.server.validation import EmbedRequest, check_json_body, parse_openai
 async def _run(
     state: ServerState, request: EmbedRequest, base64_items: Base64Items | None = None
 ) -> EmbedResult:
-    """Wait for a slot, lease the model (loading it on first use), embed."""
+    """Lease the model (loading it on first use), wait for a slot, embed. In that order: a
+    request waiting for its model's load holds no slot that another model's requests need."""
     options = EmbedOptions(
         dimensions=request.dimensions,
         normalize=request.normalize,
@@ -29,7 +30,7 @@ async def _run(
         base64=request.base64,
         base64_out=base64_items,
     )
-    async with state.admission.slot(), state.registry.lease(request.model, request.load) as engine:
+    async with state.registry.lease(request.model, request.load) as engine, state.admission.slot():
         return await engine.embed(request.texts, options)
 
 
