@@ -17,9 +17,12 @@ from embedx.config import Settings
 from embedx.engine import Engine, EngineOptions, EngineState
 from embedx.errors import (
     ConfigError,
+    InvalidModel,
     InvalidOption,
+    InvalidRequest,
     ModelNotFound,
     ModelsBusy,
+    PickleOnlyWeights,
     PoolingConflict,
     PoolingRequired,
     ShuttingDown,
@@ -35,6 +38,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("embedx.registry")
 LOAD_BUCKETS_S = (0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 FOREVER = math.inf  # the keep-alive of a preloaded model: never idled out or evicted
+# A load that failed for its files' sake (a 4xx: broken or pickle-only weights) is answered
+# from memory this long: each retry would read the files again, and evict a healthy idle
+# model to make room for one that cannot load.
+FAILED_LOAD_MEMORY_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +95,7 @@ class ModelRegistry:
         self._closing = False
         self._unloading: set[asyncio.Task[None]] = set()  # evicted engines still closing
         self._preloaded: set[str] = set()  # EMBEDX_PRELOAD's, kept loaded (FOREVER)
+        self._failed: dict[str, tuple[float, InvalidRequest]] = {}  # name: (when, why)
         self.load_seconds = Histogram(LOAD_BUCKETS_S)
         self.loads = 0
         self.evictions = 0
@@ -154,6 +162,7 @@ class ModelRegistry:
                 check_dtype(request.dtype)
             _asked_pooling(name, resident.spec.pooling, request.pooling)
         else:
+            self._check_failed(name)
             spec = self.spec_for(name, request)
             if spec.pooling is None:
                 # A name that leads nowhere (a typo, an OpenAI model's) is a 404, not a
@@ -236,15 +245,33 @@ class ModelRegistry:
                 accelerators = [self._open_accelerator(info) for info in self.devices]
                 engine = await Engine.load(spec, files, accelerators, self.engine_options())
                 seconds = time.monotonic() - started
-        except BaseException:
+        except BaseException as exc:
             if self._models.get(spec.name) is resident:
                 del self._models[spec.name]
+            if isinstance(exc, InvalidModel | PickleOnlyWeights):  # not a request's options
+                self._failed[spec.name] = (time.monotonic(), exc)
             raise
         self.load_seconds.observe(seconds)
         self.loads += 1
         resident.engine = engine
         log.info("loaded %s in %.1f s", spec.name, seconds)
         return engine
+
+    def _check_failed(self, name: str) -> None:
+        """Raise again the error of this model's load if it failed for its files' sake lately."""
+        failed = self._failed.get(name)
+        if failed is None:
+            return
+        when, error = failed
+        left = FAILED_LOAD_MEMORY_S - (time.monotonic() - when)
+        if left <= 0:
+            del self._failed[name]
+            return
+        raise type(error)(
+            f"{error.message} (its load failed {FAILED_LOAD_MEMORY_S - left:.0f} s ago; it is "
+            f"tried again {left:.0f} s from now)",
+            param=error.param,
+        )
 
     def engine_options(self) -> EngineOptions:
         s = self.settings

@@ -10,7 +10,7 @@ import pytest
 
 from embedx.config import load_settings
 from embedx.devices import CpuAccelerator
-from embedx.errors import ModelNotFound, ModelsBusy, PoolingConflict, PoolingRequired
+from embedx.errors import InvalidModel, ModelNotFound, ModelsBusy, PoolingConflict, PoolingRequired
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
 from embedx.registry import LoadRequest, ModelRegistry
@@ -379,4 +379,30 @@ async def test_a_max_seq_len_sent_while_the_model_loads_is_checked_once_it_has(
         await use(LoadRequest(max_seq_len=16))
     await first
     assert models.residents()[0].users == 0
+    await models.drain(5)
+
+
+async def test_a_model_whose_files_fail_to_load_evicts_no_healthy_model_on_each_retry(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_models["bert-base"], broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # truncated
+    models = registry(tiny_models, max_loaded_models=2)
+    for name in ("bert-base", "bert-large"):
+        async with models.lease(name):
+            pass
+    first = None
+    for _ in range(3):
+        with pytest.raises(InvalidModel) as caught:
+            async with models.lease(str(broken), LoadRequest(pooling="mean")):
+                pass
+        first = first or caught.value.message
+        assert caught.value.message.startswith(first)
+    assert "tried again" in caught.value.message
+    assert models.evictions == 1  # the first try made room; the retries did not
+    assert {r.spec.name for r in models.residents()} == {"bert-large"}
     await models.drain(5)
