@@ -81,6 +81,16 @@ def test_a_directory_without_weights_is_invalid(minilm_dir: Path, tmp_path: Path
         resolve(str(directory))
 
 
+@pytest.mark.parametrize("listing", ["{}", '{"weight_map": []}', "[]"])
+def test_a_shard_index_without_a_weight_map_is_invalid(
+    minilm_dir: Path, tmp_path: Path, listing: str
+) -> None:
+    directory = copy_without_weights(minilm_dir, tmp_path / "sharded")
+    (directory / "model.safetensors.index.json").write_text(listing)
+    with pytest.raises(InvalidModel, match="no weight_map"):
+        resolve(str(directory))
+
+
 def test_an_uncached_hub_model_on_an_offline_server_is_not_found(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -212,7 +212,11 @@ def _read_json(path: Path) -> Any:
 def _weights(directory: Path, name: str) -> tuple[Path, ...]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(_read_json(index)["weight_map"].values()))
+        listing = _read_json(index)
+        weight_map = listing.get("weight_map") if isinstance(listing, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise InvalidModel(f"{index} has no weight_map naming the shards", param="model")
+        shards = sorted(set(map(str, weight_map.values())))
         return tuple(directory / shard for shard in shards)
     single = directory / "model.safetensors"
     if single.is_file():
