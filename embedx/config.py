@@ -142,15 +142,18 @@ def _device_map(value_parse: Callable[[str], Any]) -> Callable[[object], dict[st
                 if not sep:
                     raise ValueError(f"{part!r} is not DEVICE=VALUE")
                 pairs.append((key, value))
-        return {_device_key(k): value_parse(v.strip()) for k, v in pairs}
+        parsed = {_device_key(k): value_parse(v.strip()) for k, v in pairs}
+        if len(parsed) != len(pairs):
+            raise ValueError("names a device twice")
+        return parsed
 
     return parse
 
 
 def _positive_float(raw: str) -> float:
     value = float(raw)
-    if value <= 0:
-        raise ValueError("must be positive")
+    if not 0 < value < math.inf:  # nan too
+        raise ValueError("must be a positive number")
     return value
 
 
@@ -220,7 +223,8 @@ class Settings:
     device_batch_tokens: dict[str, int] = _setting(
         {},
         _device_map(_int(1)),
-        "Per-device token budget that overrides the memory-derived one, e.g. `cpu=2048`.",
+        "Per-device token budget that overrides the memory-derived one, e.g. `cpu=2048`; "
+        "at most EMBEDX_MAX_BATCH_TOKENS.",
         "unset",
     )
     preload: tuple[str, ...] = _setting(
@@ -284,6 +288,29 @@ class Settings:
         "On shutdown, how long in-flight requests may take to finish; "
         "those still running then get a 503.",
     )
+
+    def __post_init__(self) -> None:
+        """Checked however it was made: by load_settings, or by hand for `Embedder(settings=)`,
+        where a value of the wrong type (`normalize="no"`, truthy) would pass unnoticed."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue
+            parsed = _parse(f.name, value, "Settings")
+            if parsed != value:
+                raise ConfigError(f"Settings: {f.name} = {value!r} must be given as {parsed!r}")
+        if len(self.preload) > self.max_loaded_models:  # preloaded models stay resident
+            raise ConfigError(
+                f"EMBEDX_PRELOAD names {len(self.preload)} models, more than "
+                f"EMBEDX_MAX_LOADED_MODELS ({self.max_loaded_models}) can hold: they are never "
+                "unloaded"
+            )
+        over = {k: v for k, v in self.device_batch_tokens.items() if v > self.max_batch_tokens}
+        if over:
+            raise ConfigError(
+                f"EMBEDX_DEVICE_BATCH_TOKENS gives {over}, above EMBEDX_MAX_BATCH_TOKENS "
+                f"({self.max_batch_tokens}), the cap on any device: raise the cap too"
+            )
 
     def redacted(self) -> dict[str, Any]:
         """The resolved settings, safe to show: the API key only as set or not."""
@@ -357,14 +384,7 @@ def load_settings(
             raise ConfigError(f"unknown setting {key!r}.{_did_you_mean(key, names)}")
         values[key] = _parse(key, raw, "--" + key.replace("_", "-"))
 
-    settings = Settings(**values)
-    if len(settings.preload) > settings.max_loaded_models:  # preloaded models stay resident
-        raise ConfigError(
-            f"EMBEDX_PRELOAD names {len(settings.preload)} models, more than "
-            f"EMBEDX_MAX_LOADED_MODELS ({settings.max_loaded_models}) can hold: they are never "
-            "unloaded"
-        )
-    return settings
+    return Settings(**values)
 
 
 def settings_table() -> str:

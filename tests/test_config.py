@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -103,12 +104,49 @@ def test_devices_take_indices_and_cpu() -> None:
 def test_per_device_maps_parse() -> None:
     settings = load_settings(
         environ={
+            "EMBEDX_MAX_BATCH_TOKENS": "65536",
             "EMBEDX_DEVICE_BATCH_TOKENS": "0=65536,cpu=2048",
             "EMBEDX_DEVICE_WEIGHTS": "cpu=0.1",
         }
     )
     assert settings.device_batch_tokens == {"0": 65536, "cpu": 2048}
     assert settings.device_weights == {"cpu": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "says"),
+    [
+        ("EMBEDX_DEVICE_WEIGHTS", "cpu=nan", "positive number"),
+        ("EMBEDX_DEVICE_WEIGHTS", "0=inf", "positive number"),
+        ("EMBEDX_DEVICE_WEIGHTS", "cpu=1,cpu=2", "names a device twice"),
+        ("EMBEDX_DEVICE_BATCH_TOKENS", "0=1,0=2", "names a device twice"),
+        ("EMBEDX_DEVICE_BATCH_TOKENS", "0=65536", "above EMBEDX_MAX_BATCH_TOKENS (16384)"),
+    ],
+)
+def test_a_per_device_map_that_cannot_mean_one_thing_is_refused(
+    variable: str, raw: str, says: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_settings(environ={variable: raw})
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"normalize": "no"}, "normalize = 'no' must be given as False"),
+        ({"max_batch_tokens": -5}, "must be at least 1"),
+        ({"devices": ("cuda",)}, "neither a GPU index nor 'cpu'"),
+        ({"batch_timeout_s": -1.0}, "0 or more"),
+        ({"preload": ("a", "b"), "max_loaded_models": 1}, "more than EMBEDX_MAX_LOADED_MODELS"),
+    ],
+)
+def test_settings_made_by_hand_are_checked_as_loaded_ones_are(
+    given: dict[str, object], says: str
+) -> None:
+    """`Embedder(settings=Settings(...))` skips load_settings: the same checks hold."""
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        Settings(**given)  # type: ignore[arg-type]
+    assert Settings(batch_timeout_s=1, devices=("cpu",)).batch_timeout_s == 1
 
 
 def test_redacted_settings_show_the_api_key_only_as_set() -> None:
