@@ -14,7 +14,7 @@ import numpy as np
 
 from embedx.config import Settings, load_settings
 from embedx.engine import EmbedOptions, Engine
-from embedx.errors import InvalidInput, PoolingRequired, ShuttingDown
+from embedx.errors import InvalidInput, InvalidOption, PoolingRequired, ShuttingDown
 
 T = TypeVar("T")
 SIGNAL_CHECK_S = 0.1
@@ -45,6 +45,11 @@ class Embedder:
             raise TypeError(
                 f"Embedder takes settings= or setting overrides ({', '.join(overrides)}), "
                 "not both: dataclasses.replace(settings, ...) combines them"
+            )
+        if max_seq_len is not None and (type(max_seq_len) is not int or max_seq_len < 1):
+            raise InvalidOption(
+                f"max_seq_len must be a whole number of tokens, got {max_seq_len!r}",
+                param="max_seq_len",
             )
         self.settings = settings or load_settings(overrides)
         self._loop: _LoopThread | None = _LoopThread()
@@ -127,7 +132,11 @@ class Embedder:
         truncate: bool,
     ) -> np.ndarray:
         batch = [texts] if isinstance(texts, str) else texts
-        _check_unicode(batch)
+        if isinstance(batch, Sequence):  # else the engine says what texts must be
+            _check_unicode(batch)
+        for name, flag, unset_ok in (("normalize", normalize, True), ("truncate", truncate, False)):
+            if not (isinstance(flag, bool) or (flag is None and unset_ok)):  # "no" is truthy
+                raise InvalidOption(f"{name} must be True or False, got {flag!r}", param=name)
         options = EmbedOptions(dimensions, normalize, truncate, input_type)
         try:
             return (await self._engine.embed(batch, options)).vectors

@@ -38,6 +38,21 @@ def test_a_text_that_is_not_valid_unicode_is_named(minilm_dir: Path) -> None:
         assert embedder.embed(["café"]).shape == (1, 384)
 
 
+def test_arguments_of_the_wrong_type_are_named_not_a_type_error(minilm_dir: Path) -> None:
+    from embedx.errors import InvalidInput, InvalidOption
+
+    with Embedder(minilm_dir, pooling="mean") as embedder:
+        for texts in (5, None):
+            with pytest.raises(InvalidInput, match="texts must be a list of strings"):
+                embedder.embed(texts)  # type: ignore[arg-type]
+        with pytest.raises(InvalidOption, match="normalize must be True or False"):
+            embedder.embed(["x"], normalize="no")  # type: ignore[arg-type]
+        with pytest.raises(InvalidOption, match="truncate must be True or False"):
+            embedder.embed(["x"], truncate=None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption, match="max_seq_len must be a whole number"):
+        Embedder(minilm_dir, pooling="mean", max_seq_len="16")  # type: ignore[arg-type]
+
+
 def test_settings_and_overrides_together_are_refused(minilm_dir: Path) -> None:
     from embedx.config import load_settings
 
