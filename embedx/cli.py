@@ -129,11 +129,12 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
     except EmbedxError as exc:
         print(f"embedx check: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG
-    for name in settings.preload:  # `serve` would stop at start-up: nothing to load
+    for name, spec in catalog.items():  # nowhere: `serve` would stop (preloaded) or 404 it
         try:
-            check_exists(catalog[name].source, catalog[name].revision)
+            check_exists(spec.source, spec.revision)
         except EmbedxError as exc:
-            print(f"embedx check: EMBEDX_PRELOAD's {name!r}: {exc.message}", file=sys.stderr)
+            role = "EMBEDX_PRELOAD's" if name in settings.preload else "catalog model"
+            print(f"embedx check: {role} {name!r}: {exc.message}", file=sys.stderr)
             return EXIT_CONFIG
     try:
         devices = discover(settings)

@@ -130,6 +130,9 @@ def test_check_refuses_a_preload_whose_source_is_nowhere(tmp_path: Path) -> None
     done = run_cli("check", env={"EMBEDX_MODELS_FILE": str(models), "EMBEDX_PRELOAD": "a"})
     assert done.returncode == 2, done.stderr
     assert "EMBEDX_PRELOAD's 'a'" in done.stderr
+    done = run_cli("check", env={"EMBEDX_MODELS_FILE": str(models)})  # named, not preloaded
+    assert done.returncode == 2, done.stderr
+    assert "catalog model 'a'" in done.stderr
 
 
 def test_the_default_model_must_be_a_catalog_model_with_a_pooling() -> None:
