@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from embedx.config import Settings, env_name, load_settings
@@ -159,11 +159,19 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
     return EXIT_OK
 
 
+def stdin_texts(lines: Iterable[str]) -> list[str]:
+    """A text a line, without its line end (a Windows file's \r too) or a byte-order mark."""
+    texts = [line.rstrip("\r\n") for line in lines]
+    if texts:
+        texts[0] = texts[0].removeprefix("\ufeff")
+    return texts
+
+
 def _embed(settings: Settings, model: str, texts: Sequence[str], pooling: str | None) -> int:
     from embedx.embedder import Embedder
 
     if not texts:  # a vector a line, in order: a blank line has none, so it is an error
-        texts = [line.rstrip("\n") for line in sys.stdin]
+        texts = stdin_texts(sys.stdin)
         blank = [number for number, text in enumerate(texts, 1) if not text.strip()]
         if blank:
             print(f"embedx: stdin lines {blank[:10]} are blank; each line is a text, and its "
@@ -176,12 +184,22 @@ def _embed(settings: Settings, model: str, texts: Sequence[str], pooling: str | 
               "--pooling cls|mean|last_token", file=sys.stderr)  # fmt: skip
         return 1
     with embedder:
-        try:
-            for vector in embedder.embed(texts):
-                print(json.dumps([round(float(x), 7) for x in vector]))
-        except BrokenPipeError:  # `| head`: the reader had enough
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        for vector in embedder.embed(texts):
+            print(json.dumps([round(float(x), 7) for x in vector]))
     return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if args.command == "info":
+        return _info(settings, args.json)
+    if args.command == "check":
+        return _check(settings, args.warm, args.warm_pooling)
+    if args.command == "embed":
+        return _embed(settings, args.model, args.texts, args.model_pooling)
+    from embedx.server.run import serve
+
+    return serve(settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,16 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         args.texts = [*args.texts, *extra]
     try:
-        settings = _settings(args)
-        if args.command == "info":
-            return _info(settings, args.json)
-        if args.command == "check":
-            return _check(settings, args.warm, args.warm_pooling)
-        if args.command == "embed":
-            return _embed(settings, args.model, args.texts, args.model_pooling)
-        from embedx.server.run import serve
-
-        return serve(settings)
+        code = _run(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone is an EPIPE caught below
+        return code
+    except BrokenPipeError:  # `| head`: the reader had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except ConfigError as exc:
         print(f"embedx: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -59,6 +60,31 @@ def test_embed_reads_a_text_a_line_from_stdin_and_refuses_blank_lines() -> None:
     assert refused.returncode == 1
     assert "[2, 4]" in refused.stderr
     assert refused.stdout == ""
+
+
+def test_stdin_from_a_windows_file_gives_its_texts() -> None:
+    """A byte-order mark and CRLF line ends are the file's, not its texts' (MiniLM's tokenizer
+    drops both; a SentencePiece one would not)."""
+    from embedx.cli import stdin_texts
+
+    assert stdin_texts(io.StringIO("\ufeffone\r\ntwo \r\nthree", newline="")) == [
+        "one",
+        "two ",
+        "three",
+    ]
+
+
+def test_output_to_a_reader_that_left_is_no_traceback() -> None:
+    for args in (("info", "--json"), ("embed", "sentence-transformers/all-MiniLM-L6-v2", "x")):
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
+        process = subprocess.Popen([sys.executable, "-m", "embedx", *args], env=environment,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        assert process.stdout is not None
+        process.stdout.close()  # as `| head` does once it has read enough
+        _, errors = process.communicate(timeout=120)
+        assert process.returncode == 0, errors
+        assert b"Traceback" not in errors, errors
+        assert b"BrokenPipe" not in errors, errors
 
 
 def test_embed_without_a_pooling_names_the_flag(minilm_dir: Path) -> None:
