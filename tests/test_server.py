@@ -804,6 +804,26 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(
         assert "draining" in stopping.output()
 
 
+def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path, reference_texts: list[str]) -> None:
+    """As with uvicorn: the first Ctrl-C drains, the second stops waiting."""
+    with running_server(tmp_path, preload=MINILM_NAME, drain_timeout_s=600) as stopping:
+        results: list[httpx.Response] = []
+        long_texts = ([" ".join([text] * 8) for text in reference_texts] * 4)[:1000]
+        body = {"model": MINILM_NAME, "input": long_texts}
+        worker = threading.Thread(
+            target=lambda: results.append(post(stopping, "/v1/embeddings", json=body))
+        )
+        worker.start()
+        time.sleep(0.5)
+        stopping.process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        stopping.process.send_signal(signal.SIGINT)
+        assert stopping.process.wait(60) == 0
+        worker.join()
+        assert_envelope(results[0], 503, "shutting_down")
+        assert "after a second signal: failing them" in stopping.output()
+
+
 def test_sigterm_past_the_drain_timeout_fails_what_still_runs_and_exits(
     tmp_path: Path, reference_texts: list[str]
 ) -> None:

@@ -92,17 +92,26 @@ async def _until_stopped(
         error = serving.exception()
         log.error("the server stopped: %s", error or "no reason given")
         return 1
-    log.info("shutting down: draining requests in flight (up to %.0f s)", settings.drain_timeout_s)
+    log.info(
+        "shutting down: draining requests in flight (up to %.0f s; a second signal ends them now)",
+        settings.drain_timeout_s,
+    )
     edge.state.draining = True
-    try:
-        await asyncio.wait_for(edge.state.idle.wait(), settings.drain_timeout_s)
-    except TimeoutError:
+    stop.clear()
+    idle = asyncio.create_task(edge.state.idle.wait())
+    again = asyncio.create_task(stop.wait())
+    await asyncio.wait({idle, again}, timeout=settings.drain_timeout_s,
+                       return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+    idle.cancel()
+    again.cancel()
+    if edge.state.in_flight:
         # The server stops waiting for them: unloading fails their pending texts, so they
         # end now with a 503 the client can retry elsewhere, not when the work is done
         # (granian's stop waits for every request; a supervisor's grace period would not).
         log.warning(
-            "%d requests still running after the drain timeout: failing them (503)",
+            "%d requests still running after %s: failing them (503)",
             edge.state.in_flight,
+            "a second signal" if again.done() and not again.cancelled() else "the drain timeout",
         )
         await edge.state.registry.drain(0)
     server.stop()  # type: ignore[no-untyped-call]  # stop accepting; `lifespan` unloads
