@@ -254,7 +254,8 @@ class Settings:
     wrapping: str | None = _setting(
         None,
         _optional(_wrapping),
-        "Template applied to every input, with `{text}` exactly once, e.g. `query: {text}`.",
+        "Template applied to every input, with `{text}` exactly once, e.g. `query: {text}`; "
+        "a catalog prompt for the input's type replaces it.",
         "unset",
     )
     max_request_items: int = _setting(2048, _int(1), "Most inputs in one request.")

@@ -594,7 +594,9 @@ def test_info_shows_settings_devices_counters_and_models(server: Server) -> None
 
 def test_metrics_are_prometheus_text(server: Server) -> None:
     post(server, "/v1/embeddings", json={"model": MINILM_NAME, "input": "count me"})
-    text = httpx.get(server.url + "/metrics").text
+    response = httpx.get(server.url + "/metrics")
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = response.text
     for family in ("embedx_requests_total", "embedx_queue_items", "embedx_batch_tokens_bucket",
                    "embedx_device_busy_seconds_total", "embedx_model_load_seconds_count",
                    "embedx_padding_tokens_total", "embedx_embed_seconds_count",

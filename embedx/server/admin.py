@@ -39,7 +39,7 @@ async def info(state: ServerState, http: Request) -> Response:
 
 async def metrics(state: ServerState, http: Request) -> Response:
     text = render(state.http, state.registry, state.admission)
-    return Response(200, None, Content(b"text/plain; version=0.0.4", text.encode()))
+    return Response(200, None, Content(b"text/plain; version=0.0.4; charset=utf-8", text.encode()))
 
 
 async def openapi_json(state: ServerState, http: Request) -> Response:
