@@ -249,7 +249,13 @@ class ModelRegistry:
             if self._models.get(spec.name) is resident:
                 del self._models[spec.name]
             if isinstance(exc, InvalidModel | PickleOnlyWeights):  # not a request's options
-                self._failed[spec.name] = (time.monotonic(), exc)
+                now = time.monotonic()
+                self._failed = {  # the expired go, so that many names keep no memory
+                    name: failed
+                    for name, failed in self._failed.items()
+                    if now - failed[0] < FAILED_LOAD_MEMORY_S
+                }
+                self._failed[spec.name] = (now, exc)
             raise
         self.load_seconds.observe(seconds)
         self.loads += 1
