@@ -21,7 +21,7 @@ import numpy as np
 
 from embedx import heap
 from embedx.batching import FLOATS, Item, Job, RowForm
-from embedx.devices import Accelerator, token_budget
+from embedx.devices import Accelerator, Launch, token_budget
 from embedx.errors import (
     Bug,
     DeviceHung,
@@ -30,6 +30,7 @@ from embedx.errors import (
     InvalidInput,
     InvalidModel,
     InvalidOption,
+    ModelUnavailable,
     NoDeviceFits,
     ShuttingDown,
     SmokeTestFailed,
@@ -134,7 +135,7 @@ class _InFlight:
     """A launched batch, with what its delivery needs to know about its requests."""
 
     claim: Claim
-    launched: Any
+    launched: Launch[torch.Tensor]
     sole_job: Job | None  # the one request of all its texts, if there is just one
     form: RowForm  # what the device made of the rows
 
@@ -233,19 +234,32 @@ class Replica:
 
 def _unbuildable(name: str, error: Exception) -> Exception:
     """What a failure to build a model from its files is: embedx's own errors as they are;
-    any other (a config transformers does not know or that lacks a key, weights that are not
-    safetensors inside) the model's fault, a 400, its traceback logged."""
+    the device's or host's (a CUDA error, a read that failed, memory) a 503 to retry; any
+    other (a config transformers does not know or that lacks a key, weights that are not
+    safetensors inside) the model's fault, a 400; its traceback logged either way."""
     if isinstance(error, InvalidModel) and error.param is None:  # raised deep in the loader
         return InvalidModel(f"model {name!r}: {error.message}", param="model")
     if isinstance(error, EmbedxError):
         return error
     log.warning("model %r could not be built", name, exc_info=error)
     detail = str(error).split("\n")[0][:300]
+    if _host_fault(error):
+        return ModelUnavailable(
+            f"model {name!r} could not be loaded ({type(error).__name__}: {detail}): the "
+            "device or host failed, not its files; try again"
+        )
     return InvalidModel(
         f"model {name!r} could not be built from its files ({type(error).__name__}: {detail}); "
         "check its config.json and weights",
         param="model",
     )
+
+
+def _host_fault(error: Exception) -> bool:
+    """Whether a load failed for the device's or host's sake rather than its files'."""
+    if isinstance(error, FileNotFoundError):  # a shard its index names is missing
+        return False
+    return isinstance(error, OSError | MemoryError) or "CUDA" in str(error)
 
 
 class DeviceWorker:
@@ -300,11 +314,11 @@ class DeviceWorker:
             for batch in inflight:
                 self.queue.release(batch.claim)
 
-    def _launch(self, claim: Claim, form: RowForm) -> Any:
+    def _launch(self, claim: Claim, form: RowForm) -> Launch[torch.Tensor] | None:
         # With at most max_inflight batches out, the slot used max_inflight launches ago
-        # belongs to a batch that is done.
+        # belongs to a batch that is done. Only launches that happened count: after a failed
+        # one, the next must not take the slot of a batch still running.
         slot = self._launches % self.replica.accelerator.max_inflight
-        self._launches += 1
         started = time.perf_counter()
         try:
             host = self.replica.pack([item.ids for item in claim.items], slot, self.slot.budget)
@@ -314,6 +328,7 @@ class DeviceWorker:
             self.replica.accelerator.synchronize()  # its copies may still read the slot
             self._failed(claim, exc)
             return None
+        self._launches += 1
         self.slot.observe_launch(time.perf_counter() - started)
         return launched
 
@@ -358,9 +373,11 @@ class Engine:
         self.state = EngineState.LOADING
         self.max_batch_texts = min(options.max_batch_items or MAX_BATCH_TEXTS, MAX_BATCH_TEXTS)
         self.queue = ConvergingQueue(max_batch_items=self.max_batch_texts)
+        self.accelerators: list[Accelerator] = []  # every device it was given, used or not
         self.replicas: list[Replica] = []
         self.workers: list[DeviceWorker] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing: asyncio.Future[None] | None = None
         self.dimensions = 0
         self.dtypes: dict[str, str] = {}
         self.truncated = 0
@@ -407,6 +424,7 @@ class Engine:
         length = min(spec.max_seq_len or files.st_max_seq_len or limit, limit)
         tokenizer = await asyncio.to_thread(TextTokenizer, files, length)
         engine = cls(spec, files, tokenizer, spec.pooling, options)
+        engine.accelerators = list(accelerators)  # closed with it
         try:
             for accelerator in accelerators:
                 await engine._add_device(accelerator)
@@ -452,9 +470,18 @@ class Engine:
             accelerator.release_cached_memory()
             return
         replica = Replica(accelerator, model)
-        budget, probe, launch_s = await self._probe(replica)
-        for staging in replica.staging:  # pinned memory for the largest batch, no more
-            staging.reserve(budget, self._most_texts(budget), base64_rows.width(model.dimensions))
+        try:
+            budget, probe, launch_s = await self._probe(replica)
+            for staging in replica.staging:  # pinned memory for the largest batch, no more
+                width = base64_rows.width(model.dimensions)
+                staging.reserve(budget, self._most_texts(budget), width)
+        except Exception as exc:
+            if not accelerator.is_out_of_memory(exc):
+                raise _unbuildable(self.spec.name, exc) from exc
+            self.skipped[info.label] = "out of memory running a probe batch beside the weights"
+            del replica, model  # before the cache is emptied: their memory goes with it
+            accelerator.release_cached_memory()
+            return
         self.replicas.append(replica)
         self.dimensions = model.dimensions
         self.dtypes[info.label] = dtype
@@ -501,7 +528,7 @@ class Engine:
         per_token = 0.0
         if info.is_cuda:
             probe_tokens = min(cap, 8192)
-            base = accelerator.peak_memory(reset=True)
+            base = await asyncio.to_thread(accelerator.peak_memory, True)  # it synchronizes
             await self._timed(replica, self._probe_batch(probe_tokens, length))
             per_token = (accelerator.peak_memory() - base) / probe_tokens
         budget = token_budget(
@@ -691,21 +718,25 @@ class Engine:
             await self.close()
 
     async def close(self) -> None:
-        """Stop the workers, fail what is still queued, and free every device's memory."""
-        if self.state is EngineState.CLOSED:
-            return
-        self.state = EngineState.CLOSED
+        """Stop the workers, fail what is still queued, and free every device's memory.
+        A caller cancelled while it waits leaves the closing to finish all the same."""
+        if self._closing is None:
+            self.state = EngineState.CLOSED
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         self.queue.close()
         self.tokenizer.close()
-        accelerators = [r.accelerator for r in self.replicas]
         self.replicas.clear()
         self.workers.clear()
-        for accelerator in accelerators:
-            accelerator.close()
+        # emptying a GPU's cache waits for its stream, which other models share: not on the loop
+        for accelerator in self.accelerators:
+            await asyncio.to_thread(accelerator.close)
         heap.thaw()  # the next load freezes what is still alive
 
     # -- reporting -----------------------------------------------------------------------

@@ -454,3 +454,85 @@ async def test_a_loaded_model_leaves_the_collectors_scans_until_it_closes(
         await engine.close()
         assert gc.get_freeze_count() == 0, "a closed model's cycles would never be collected"
         assert gc.get_threshold() == threshold
+
+
+def test_a_failed_launch_leaves_the_slot_of_a_batch_still_running_alone() -> None:
+    """Two batches in flight share two pinned slots in turn (a GPU's staging): a launch that
+    fails must not move the turn on, or the next batch's rows land in the slot the running
+    batch's rows are still being copied into and read from."""
+    from types import SimpleNamespace
+
+    from embedx.batching import FLOATS
+    from embedx.engine import DeviceWorker
+
+    slots: list[int] = []
+
+    def pack(ids: object, slot: int, budget: int) -> object:
+        slots.append(slot)
+        if len(slots) == 2:
+            raise RuntimeError("launch failed (injected)")
+        return SimpleNamespace(rows=1, tokens=1)
+
+    accelerator = SimpleNamespace(
+        max_inflight=2,
+        launch=lambda work: "launched",
+        synchronize=lambda: None,
+        is_out_of_memory=lambda error: False,
+    )
+    worker = DeviceWorker.__new__(DeviceWorker)
+    worker.replica = SimpleNamespace(accelerator=accelerator, pack=pack)  # type: ignore[assignment]
+    worker.slot = SimpleNamespace(  # type: ignore[assignment]
+        name="fake", budget=100, observe_launch=lambda seconds: None
+    )
+    worker.queue = SimpleNamespace(fail=lambda *args, **kwargs: None)  # type: ignore[assignment]
+    worker.padding_rows = 0
+    worker._launches = 0
+    claim: Any = SimpleNamespace(items=[], tokens=1)
+    launched: list[object] = [worker._launch(claim, FLOATS) for _ in range(3)]
+    assert launched == ["launched", None, "launched"]  # the second failed
+    assert slots == [0, 1, 1], "the third batch took the slot of the one still running"
+
+
+async def test_a_device_short_of_memory_for_a_probe_batch_is_skipped_and_closed(
+    make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = Engine._probe
+
+    async def probe(self: Engine, replica: Any) -> Any:
+        if replica.accelerator.info.key == "small":
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return await original(self, replica)
+
+    monkeypatch.setattr(Engine, "_probe", probe)
+    async with make_engine(("cpu", "small")) as engine:
+        assert [r.accelerator.info.key for r in engine.replicas] == ["cpu"]
+        assert "out of memory" in next(iter(engine.skipped.values()))
+        assert (await engine.embed(["still served"])).vectors.shape == (1, 384)
+        skipped = next(a for a in engine.accelerators if a.info.key == "small")
+    assert skipped._executor._shutdown  # closed with the engine, though it ran nothing
+
+
+async def test_a_close_cancelled_midway_still_finishes(make_engine: Callable[..., Any]) -> None:
+    async with make_engine() as engine:
+        closing = asyncio.create_task(engine.close())
+        await asyncio.sleep(0)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        await asyncio.sleep(0.5)
+        assert engine.queue.closed
+        assert not engine.replicas
+
+
+def test_a_load_that_failed_for_the_device_or_host_is_a_503_not_the_files_fault() -> None:
+    from embedx.engine import _unbuildable
+    from embedx.errors import InvalidModel, ModelUnavailable
+
+    host: list[Exception] = [RuntimeError("CUDA error: an illegal memory access"),
+                             OSError(5, "EIO"), MemoryError()]  # fmt: skip
+    files: list[Exception] = [KeyError("hidden_size"), FileNotFoundError("model-2.safetensors"),
+                              RuntimeError("size mismatch for embeddings.word.weight")]  # fmt: skip
+    for error in host:
+        assert isinstance(_unbuildable("m", error), ModelUnavailable), error
+    for error in files:
+        assert isinstance(_unbuildable("m", error), InvalidModel), error
