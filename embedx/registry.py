@@ -157,7 +157,13 @@ class ModelRegistry:
             raise ShuttingDown("the server is shutting down")
         name = self._canonical(name)
         resident = self._models.get(name)
-        if resident is not None:
+        if resident is not None and resident.engine is not None and not resident.engine.serving:
+            # Every device of it failed. Its requests in flight fail anyway, and the fault
+            # may have passed: it loads again, as it was (its pooling and length kept).
+            _asked_pooling(name, resident.spec.pooling, request.pooling)
+            closing = self._evict(resident, "every device of it is quarantined")
+            resident = self._reserve(resident.spec, closing)
+        elif resident is not None:
             if request.dtype is not None:  # ignored once it is loaded, but never wrong
                 check_dtype(request.dtype)
             _asked_pooling(name, resident.spec.pooling, request.pooling)
@@ -198,11 +204,10 @@ class ModelRegistry:
             raise
         return resident
 
-    def _reserve(self, spec: ModelSpec) -> Resident:
+    def _reserve(self, spec: ModelSpec, evicted: asyncio.Task[None] | None = None) -> Resident:
         """Take a residency slot (evicting the least recently used idle model if the cap is
-        reached) and start loading. The slot is taken before any await, so concurrent cold
-        loads never exceed the cap."""
-        evicted: asyncio.Task[None] | None = None
+        reached) and start loading, once `evicted` (an engine closing) has freed its memory.
+        The slot is taken before any await, so concurrent cold loads never exceed the cap."""
         if len(self._models) >= self.settings.max_loaded_models:
             idle = [
                 r

@@ -86,7 +86,18 @@ async def test_a_model_whose_every_device_failed_is_loaded_afresh_by_the_next_re
         served = await client.post("/v1/embeddings", json=body)
         assert served.status_code == 200, served.text
         assert (await client.get("/health")).json()["status"] == "ok"
-    assert registry.loads == 2
+        # under steady traffic too: a request still holding the broken engine does not
+        # keep the next one from loading it afresh
+        async with registry.lease("m") as engine:
+            for replica in engine.replicas:
+                replica.model.forward = SlowForward(  # type: ignore[method-assign]
+                    replica.model.forward, fail=lambda b, n: RuntimeError("Xid 79 (injected)")
+                )
+            failed = await client.post("/v1/embeddings", json=body)
+            assert failed.status_code == 503
+            served = await client.post("/v1/embeddings", json=body)
+            assert served.status_code == 200, served.text
+    assert registry.loads == 3
     await registry.drain(5)
 
 
