@@ -17,12 +17,10 @@ from embedx.config import Settings
 from embedx.engine import Engine, EngineOptions, EngineState
 from embedx.errors import (
     ConfigError,
-    InvalidModel,
+    EmbedxError,
     InvalidOption,
-    InvalidRequest,
     ModelNotFound,
     ModelsBusy,
-    PickleOnlyWeights,
     PoolingConflict,
     PoolingRequired,
     ShuttingDown,
@@ -38,10 +36,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("embedx.registry")
 LOAD_BUCKETS_S = (0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 FOREVER = math.inf  # the keep-alive of a preloaded model: never idled out or evicted
-# A load that failed for its files' sake (a 4xx: broken or pickle-only weights) is answered
-# from memory this long: each retry would read the files again, and evict a healthy idle
-# model to make room for one that cannot load.
+# A load that failed (broken weights, no such model, a device that keeps failing) is
+# answered from memory this long: each retry would read the files again, and evict a
+# healthy idle model to make room for one that cannot load.
 FAILED_LOAD_MEMORY_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class FailedLoad:
+    """What a failed load told its requests: its error's kind and words, not the error
+    itself, whose traceback holds every tensor the load had made."""
+
+    at: float
+    kind: type[EmbedxError]
+    message: str
+    param: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +104,7 @@ class ModelRegistry:
         self._closing = False
         self._unloading: set[asyncio.Task[None]] = set()  # evicted engines still closing
         self._preloaded: set[str] = set()  # EMBEDX_PRELOAD's, kept loaded (FOREVER)
-        self._failed: dict[str, tuple[float, InvalidRequest]] = {}  # name: (when, why)
+        self._failed: dict[str, FailedLoad] = {}
         self.load_seconds = Histogram(LOAD_BUCKETS_S)
         self.loads = 0
         self.evictions = 0
@@ -156,31 +165,37 @@ class ModelRegistry:
         if self._closing:
             raise ShuttingDown("the server is shutting down")
         name = self._canonical(name)
-        resident = self._models.get(name)
-        if resident is not None and resident.engine is not None and not resident.engine.serving:
+        if name not in self._models:
+            self._check_failed(name)
+            spec = self.spec_for(name, request)
+            if spec.pooling is None or len(self._models) >= self.settings.max_loaded_models:
+                # A name that leads nowhere (a typo, an OpenAI model's) is a 404: not a request
+                # to state how a model that does not exist pools, nor a reason to evict one
+                # that does. (Below the cap nothing is evicted: its load finds out, and the
+                # first requests are not held up by a lookup.)
+                await asyncio.to_thread(check_exists, spec.source, spec.revision)
+                if spec.pooling is None:
+                    raise PoolingRequired(
+                        f"model {name!r} is not loaded and its pooling is unknown: send pooling "
+                        "(cls, mean or last_token) with the first request, or add it to the "
+                        "catalog. embedx never guesses pooling",
+                        param="pooling",
+                    )
+                if self._closing:
+                    raise ShuttingDown("the server is shutting down")
+            if name not in self._models:  # no other request started it while this one looked
+                self._reserve(spec)
+        resident = self._models[name]
+        if resident.engine is not None and not resident.engine.serving:
             # Every device of it failed. Its requests in flight fail anyway, and the fault
             # may have passed: it loads again, as it was (its pooling and length kept).
             _asked_pooling(name, resident.spec.pooling, request.pooling)
             closing = self._evict(resident, "every device of it is quarantined")
             resident = self._reserve(resident.spec, closing)
-        elif resident is not None:
+        else:
             if request.dtype is not None:  # ignored once it is loaded, but never wrong
                 check_dtype(request.dtype)
             _asked_pooling(name, resident.spec.pooling, request.pooling)
-        else:
-            self._check_failed(name)
-            spec = self.spec_for(name, request)
-            if spec.pooling is None:
-                # A name that leads nowhere (a typo, an OpenAI model's) is a 404, not a
-                # request to state how a model that does not exist pools.
-                await asyncio.to_thread(check_exists, spec.source, spec.revision)
-                raise PoolingRequired(
-                    f"model {name!r} is not loaded and its pooling is unknown: send pooling "
-                    "(cls, mean or last_token) with the first request, or add it to the catalog. "
-                    "embedx never guesses pooling",
-                    param="pooling",
-                )
-            resident = self._reserve(spec)
         resident.users += 1
         if resident.timer is not None:
             resident.timer.cancel()
@@ -253,14 +268,14 @@ class ModelRegistry:
         except BaseException as exc:
             if self._models.get(spec.name) is resident:
                 del self._models[spec.name]
-            if isinstance(exc, InvalidModel | PickleOnlyWeights):  # not a request's options
-                now = time.monotonic()
+            if isinstance(exc, EmbedxError) and not isinstance(exc, ShuttingDown | InvalidOption):
+                now = time.monotonic()  # (a request's own options are not the model's fault)
                 self._failed = {  # the expired go, so that many names keep no memory
                     name: failed
                     for name, failed in self._failed.items()
-                    if now - failed[0] < FAILED_LOAD_MEMORY_S
+                    if now - failed.at < FAILED_LOAD_MEMORY_S
                 }
-                self._failed[spec.name] = (now, exc)
+                self._failed[spec.name] = FailedLoad(now, type(exc), exc.message, exc.param)
             raise
         self.load_seconds.observe(seconds)
         self.loads += 1
@@ -269,19 +284,18 @@ class ModelRegistry:
         return engine
 
     def _check_failed(self, name: str) -> None:
-        """Raise again the error of this model's load if it failed for its files' sake lately."""
+        """Raise again the error of this model's load if it failed lately."""
         failed = self._failed.get(name)
         if failed is None:
             return
-        when, error = failed
-        left = FAILED_LOAD_MEMORY_S - (time.monotonic() - when)
+        left = FAILED_LOAD_MEMORY_S - (time.monotonic() - failed.at)
         if left <= 0:
             del self._failed[name]
             return
-        raise type(error)(
-            f"{error.message} (its load failed {FAILED_LOAD_MEMORY_S - left:.0f} s ago; it is "
+        raise failed.kind(
+            f"{failed.message} (its load failed {FAILED_LOAD_MEMORY_S - left:.0f} s ago; it is "
             f"tried again {left:.0f} s from now)",
-            param=error.param,
+            param=failed.param,
         )
 
     def engine_options(self) -> EngineOptions:
@@ -388,8 +402,13 @@ class ModelRegistry:
         return described
 
     def degraded(self) -> list[str]:
-        """Devices quarantined by any resident model, as 'model: device (reason)'."""
+        """Devices quarantined by any resident model, as 'model: device (reason)', and
+        preloaded models not loaded (their reload failed)."""
         found = []
+        for name in sorted(self._preloaded - set(self._models)):
+            failed = self._failed.get(name)
+            why = failed.message if failed else "its devices failed; the next request loads it"
+            found.append(f"{name}: preloaded, but not loaded ({why})")
         for resident in self._models.values():
             if resident.engine is None:
                 continue

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -406,3 +407,53 @@ async def test_a_model_whose_files_fail_to_load_evicts_no_healthy_model_on_each_
     assert models.evictions == 1  # the first try made room; the retries did not
     assert {r.spec.name for r in models.residents()} == {"bert-large"}
     await models.drain(5)
+
+
+async def test_a_name_that_leads_nowhere_evicts_no_model_even_with_a_pooling(
+    tiny_models: dict[str, Path],
+) -> None:
+    models = registry(tiny_models, max_loaded_models=1)
+    async with models.lease("bert-base"):
+        pass
+    for _ in range(2):
+        with pytest.raises(ModelNotFound):
+            async with models.lease("embedx-tests/not-cached", LoadRequest(pooling="mean")):
+                pass
+    assert models.evictions == 0
+    assert [r.spec.name for r in models.residents()] == ["bert-base"]
+    await models.drain(5)
+
+
+async def test_a_failed_load_is_remembered_without_the_tensors_it_had_made(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Its error's traceback holds every tensor the load made: keeping the error would keep
+    them (on a GPU, its memory) for as long as the memory lasts."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "wrong-shape"
+    shutil.copytree(tiny_models["bert-base"], broken)
+    tensors = load_file(broken / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("intermediate.dense.weight"))
+    tensors[name] = tensors[name][:-1].contiguous()
+    save_file(tensors, broken / "model.safetensors")
+    del tensors
+
+    def live_tensors() -> int:
+        gc.collect()
+        with warnings.catch_warnings():  # isinstance wakes torch's deprecated module aliases
+            warnings.simplefilter("ignore", FutureWarning)
+            return sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+
+    models = registry()
+    counts = []
+    for copy in range(3):  # three names, each remembered: the first also warms torch's caches
+        name = shutil.copytree(broken, tmp_path / f"copy-{copy}")
+        with pytest.raises(InvalidModel):
+            async with models.lease(str(name), LoadRequest(pooling="mean")):
+                pass
+        counts.append(live_tensors())
+    assert counts[2] <= counts[1] <= counts[0], counts

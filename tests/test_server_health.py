@@ -71,6 +71,7 @@ async def test_a_model_whose_every_device_failed_is_loaded_afresh_by_the_next_re
     catalog["m"] = ModelSpec(name="m", source=str(minilm_dir), pooling=Pooling.MEAN)
     registry = ModelRegistry(settings, catalog, [cpu_info("only")], CpuAccelerator)
     app = create_app(settings, registry)
+    await registry.preload(["m"])
     async with registry.lease("m") as engine:
         for replica in engine.replicas:
             replica.model.forward = SlowForward(  # type: ignore[method-assign]
@@ -83,6 +84,9 @@ async def test_a_model_whose_every_device_failed_is_loaded_afresh_by_the_next_re
         assert failed.status_code == 503
         assert failed.json()["error"]["code"] == "no_device_available"
         assert "Xid 79" in failed.json()["error"]["message"]
+        health = (await client.get("/health")).json()  # unloaded, and not hidden
+        assert health["status"] == "degraded"
+        assert "m: preloaded, but not loaded" in health["quarantined"][0]
         served = await client.post("/v1/embeddings", json=body)
         assert served.status_code == 200, served.text
         assert (await client.get("/health")).json()["status"] == "ok"
