@@ -451,9 +451,9 @@ async def test_a_failed_load_is_remembered_without_the_tensors_it_had_made(
     models = registry()
     counts = []
     for copy in range(3):  # three names, each remembered: the first also warms torch's caches
-        name = shutil.copytree(broken, tmp_path / f"copy-{copy}")
+        directory = shutil.copytree(broken, tmp_path / f"copy-{copy}")
         with pytest.raises(InvalidModel):
-            async with models.lease(str(name), LoadRequest(pooling="mean")):
+            async with models.lease(str(directory), LoadRequest(pooling="mean")):
                 pass
         counts.append(live_tensors())
     assert counts[2] <= counts[1] <= counts[0], counts
