@@ -549,6 +549,14 @@ def test_a_body_over_the_limit_is_a_413_by_length_and_by_stream(server: Server) 
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+def test_http2_is_not_spoken(server: Server) -> None:
+    """Over HTTP/2 a body needs no declared length, and one that is not chunked is read in
+    one call, before the size limit could stop it: HTTP/1.1 only."""
+    with httpx.Client(http1=False, http2=True) as speaking_h2, pytest.raises(httpx.TransportError):
+        speaking_h2.get(server.url + "/health")
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
 def test_a_chunked_body_is_read_whole(
     server: Server, embedder: Any, reference_texts: list[str]
 ) -> None:

@@ -53,7 +53,7 @@ def start_tasks_eagerly(loop: asyncio.AbstractEventLoop) -> None:
 
 
 async def _serve(settings: Settings) -> int:
-    from granian.constants import Interfaces
+    from granian.constants import HTTPModes, Interfaces
     from granian.server.embed import Server
 
     edge = create_app(settings)
@@ -73,6 +73,9 @@ async def _serve(settings: Settings) -> int:
             address=settings.host,
             port=settings.port,
             interface=Interfaces.RSGI,
+            # HTTP/1.1 only: over HTTP/2 a body needs no declared length, and the bridge reads
+            # one that is not chunked in a single call, before the size limit could stop it
+            http=HTTPModes.http1,
             websockets=False,
             log_level=settings.log_level,  # type: ignore[arg-type]
             backlog=1024,
