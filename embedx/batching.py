@@ -84,6 +84,7 @@ class Job:
 
     def fail(self, error: BaseException, now: float) -> None:
         self.cancelled = True
+        self.out = None  # read by no one now: not kept while its queued items wait to be swept
         self.error = error
         self.finished_at = now
         if self.future is not None and not self.future.done():

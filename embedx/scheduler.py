@@ -300,6 +300,7 @@ class ConvergingQueue:
         if job.cancelled:
             return
         job.cancelled = True
+        job.out = None  # its rows are read by no one: not kept while its items wait to be swept
         self._forget_pending(job)
 
     def _forget_pending(self, job: Job) -> None:

@@ -121,6 +121,22 @@ def test_a_cancelled_request_has_its_pending_items_dropped() -> None:
     assert all(item.job is kept for item in claim.items)
 
 
+def test_a_cancelled_or_failed_job_lets_go_of_its_rows_at_once() -> None:
+    """Its items stay queued until a claim sweeps them, which an idle server never makes:
+    its output array (N x D floats) must not stay with them."""
+    queue = ConvergingQueue(clock=Clock(), quarantine_after=100, max_item_attempts=1)
+    device = queue.add_device("d", budget=1000, rate=1e6)
+    gone, failed = job_of(queue, [10] * 5), job_of(queue, [10])
+    gone.out = failed.out = bytearray(1 << 20)
+    queue.cancel(gone)
+    claim = queue.claim(device)
+    assert claim is not None
+    queue.fail(claim, RuntimeError("poison"))
+    assert failed.error is not None
+    assert gone.out is None
+    assert failed.out is None
+
+
 def test_texts_of_a_failed_request_still_being_tokenized_are_not_queued() -> None:
     """A request fails (its text failed in every batch) while its later chunks are still
     being tokenized: those chunks are dropped, not counted as pending work forever."""
