@@ -359,6 +359,29 @@ async def test_callers_queued_together_are_encoded_over_calls_of_whole_callers(
 
 
 @pytest.mark.anyio
+async def test_a_tokenizer_thread_that_dies_of_a_bug_fails_its_callers_and_starts_again(
+    minilm_dir: Path, reference_texts: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
+    original = tokenizer._next_call
+    broken = [True]
+
+    def next_call() -> Any:
+        if broken.pop() if broken else False:
+            raise RuntimeError("a bug (injected)")
+        return original()
+
+    monkeypatch.setattr(tokenizer, "_next_call", next_call)
+    try:
+        with pytest.raises(RuntimeError, match="injected"):  # heard, not waited for forever
+            await asyncio.wait_for(all_ids(tokenizer, reference_texts[:10]), 30)
+        got = await asyncio.wait_for(all_ids(tokenizer, reference_texts[:10]), 30)
+        assert got == [e.ids for e in encode_all(minilm_dir, reference_texts[:10])]
+    finally:
+        tokenizer.close()
+
+
+@pytest.mark.anyio
 async def test_the_tokenizer_thread_counts_its_time_waiting_for_texts(
     minilm_dir: Path, reference_texts: list[str]
 ) -> None:

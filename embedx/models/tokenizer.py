@@ -10,6 +10,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -21,6 +22,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from embedx.errors import InputTooLong, InvalidInput, InvalidModel, ShuttingDown
+
+log = logging.getLogger("embedx.tokenizer")
 
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
@@ -186,12 +189,19 @@ class TextTokenizer:
                     spent.get()  # and freed
                 self.free_s += time.monotonic() - freeing
                 if batch:
-                    texts = [text for waiter in batch for text in self._cut(waiter.texts)]
                     try:
+                        texts = [text for waiter in batch for text in self._cut(waiter.texts)]
                         calls.put(_Call(batch, self._encode(texts)))
                     except BaseException as exc:  # a Rust panic is no Exception
                         for waiter in batch:
                             _hand(waiter, exc)
+        except BaseException as exc:  # a bug: whoever waits hears it; the next text restarts
+            with self._queued:
+                self._thread = None
+                for waiter in self._waiting:
+                    _hand(waiter, exc)
+                self._waiting.clear()
+            log.error("the tokenizer's thread failed", exc_info=exc)
         finally:
             calls.put(None)  # the collector hands out what it holds, then ends
             collector.join()
