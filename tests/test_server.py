@@ -254,7 +254,8 @@ def test_tei_truncation_direction_right_or_null_is_accepted_and_left_refused(
 
 def test_tei_truncate_false_refuses_an_over_long_text(server: Server) -> None:
     body = {"model": MINILM_NAME, "inputs": "word " * 400, "truncate": False}
-    assert_envelope(post(server, "/embed", json=body), 400, "context_length_exceeded")
+    error = assert_envelope(post(server, "/embed", json=body), 400, "context_length_exceeded")
+    assert error["param"] == "inputs"  # TEI's field
     body["truncate"] = True
     assert post(server, "/embed", json=body).status_code == 200
 
