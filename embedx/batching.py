@@ -73,10 +73,6 @@ class Job:
         self.submitted_at = time.monotonic()
         self.finished_at: float | None = None
 
-    @property
-    def done(self) -> bool:
-        return self.cancelled or self.remaining == 0
-
     def finish(self, now: float) -> None:
         self.finished_at = now
         if self.future is not None and not self.future.done():

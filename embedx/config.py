@@ -216,8 +216,9 @@ class Settings:
     device_weights: dict[str, float] = _setting(
         {},
         _device_map(_positive_float),
-        "Static speed scores that rank devices before the first measurement, "
-        "e.g. `0=1,cpu=0.02`. Never a load ratio: measured speed replaces them.",
+        "Static speed scores that order devices before any is measured (`embedx info`, the "
+        "order models load in), e.g. `0=1,cpu=0.02`. Never a load ratio: each model ranks "
+        "its devices by the speed its load measured.",
         "unset",
     )
     device_batch_tokens: dict[str, int] = _setting(

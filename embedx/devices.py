@@ -44,7 +44,7 @@ class DeviceInfo:
     free_memory: int
     multiprocessors: int  # CUDA SMs, or CPU cores
     compute_capability: tuple[int, int] | None
-    score: float  # static speed score: ranks devices until a model measures them
+    score: float  # static speed score: orders devices before a model's load measures them
 
     @property
     def is_cuda(self) -> bool:
@@ -219,8 +219,6 @@ class Accelerator(Protocol):
 
     def free_memory(self) -> int: ...
 
-    def allocated_memory(self) -> int: ...
-
     def peak_memory(self, reset: bool = False) -> int: ...
 
     def release_cached_memory(self) -> None: ...
@@ -282,9 +280,6 @@ class CudaAccelerator:
     def free_memory(self) -> int:
         free, _ = self._torch.cuda.mem_get_info(self.device)
         return int(free)
-
-    def allocated_memory(self) -> int:
-        return int(self._torch.cuda.memory_allocated(self.device))
 
     def peak_memory(self, reset: bool = False) -> int:
         cuda = self._torch.cuda
@@ -360,9 +355,6 @@ class CpuAccelerator:
 
     def free_memory(self) -> int:
         return _cpu_memory()[0]
-
-    def allocated_memory(self) -> int:
-        return 0
 
     def peak_memory(self, reset: bool = False) -> int:
         return 0

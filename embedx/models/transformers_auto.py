@@ -48,14 +48,6 @@ class TransformersEncoder:
             files.config.get("model_type") in ("qwen2", "qwen3", "llama", "mistral", "gemma")
         )
 
-    @property
-    def max_tokens(self) -> int:
-        config = self.model.config
-        limit = getattr(config, "max_position_embeddings", None) or 512
-        if config.model_type in ("roberta", "xlm-roberta", "camembert"):
-            limit -= int(config.pad_token_id) + 1
-        return int(limit)
-
     def forward(self, batch: PackedBatch, pooled: torch.Tensor | None = None) -> torch.Tensor:
         import torch
 

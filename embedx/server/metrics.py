@@ -119,7 +119,7 @@ MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[Engine], Any]], ...] = (
      lambda e: e.queue.pending_items),
     ("embedx_queue_tokens", "gauge", "Tokens waiting in a model's queue.",
      lambda e: e.queue.pending_tokens),
-    ("embedx_queue_wait_seconds", "histogram", "From submission to a batch's start.",
+    ("embedx_queue_wait_seconds", "histogram", "A batch's oldest text, queued to claimed.",
      lambda e: e.queue.queue_wait),
     ("embedx_embed_seconds", "histogram", "From an embed call to its vectors.",
      lambda e: e.latency),
