@@ -292,15 +292,14 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
-        """Checked however it was made: by load_settings, or by hand for `Embedder(settings=)`,
-        where a value of the wrong type (`normalize="no"`, truthy) would pass unnoticed."""
+        """Checked and read as the environment's values are, however it was made: by
+        load_settings, or by hand for `Embedder(settings=)`, where `normalize="no"` would
+        otherwise be truthy and `log_level="INFO"` refused."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is None and f.default is None:
                 continue
-            parsed = _parse(f.name, value, "Settings")
-            if parsed != value:
-                raise ConfigError(f"Settings: {f.name} = {value!r} must be given as {parsed!r}")
+            object.__setattr__(self, f.name, _parse(f.name, value, "Settings"))  # frozen
         if len(self.preload) > self.max_loaded_models:  # preloaded models stay resident
             raise ConfigError(
                 f"EMBEDX_PRELOAD names {len(self.preload)} models, more than "

@@ -133,7 +133,6 @@ def test_a_per_device_map_that_cannot_mean_one_thing_is_refused(
 @pytest.mark.parametrize(
     ("given", "says"),
     [
-        ({"normalize": "no"}, "normalize = 'no' must be given as False"),
         ({"max_batch_tokens": -5}, "must be at least 1"),
         ({"devices": ("cuda",)}, "neither a GPU index nor 'cpu'"),
         ({"batch_timeout_s": -1.0}, "0 or more"),
@@ -146,7 +145,10 @@ def test_settings_made_by_hand_are_checked_as_loaded_ones_are(
     """`Embedder(settings=Settings(...))` skips load_settings: the same checks hold."""
     with pytest.raises(ConfigError, match=re.escape(says)):
         Settings(**given)  # type: ignore[arg-type]
-    assert Settings(batch_timeout_s=1, devices=("cpu",)).batch_timeout_s == 1
+    read = Settings(normalize="no", log_level="INFO", models_file="~/m.toml")  # type: ignore[arg-type]
+    assert read.normalize is False  # as EMBEDX_NORMALIZE=no is, not truthy
+    assert read.log_level == "info"
+    assert read.models_file == Path("~/m.toml").expanduser()
 
 
 def test_redacted_settings_show_the_api_key_only_as_set() -> None:
