@@ -715,22 +715,23 @@ class Engine:
             log.warning("%s: in-flight work did not finish in %.0f s", self.spec.name, timeout_s)
         finally:
             slow.cancel()
-            await self.close()
+            await self.close(ShuttingDown("the server shut down before this request finished"))
 
-    async def close(self) -> None:
-        """Stop the workers, fail what is still queued, and free every device's memory.
-        A caller cancelled while it waits leaves the closing to finish all the same."""
+    async def close(self, error: BaseException | None = None) -> None:
+        """Stop the workers, fail what is still queued (with `error`, if given), and free
+        every device's memory. A caller cancelled while it waits leaves the closing to finish
+        all the same."""
         if self._closing is None:
             self.state = EngineState.CLOSED
-            self._closing = asyncio.ensure_future(self._close())
+            self._closing = asyncio.ensure_future(self._close(error))
         await asyncio.shield(self._closing)
 
-    async def _close(self) -> None:
+    async def _close(self, error: BaseException | None) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        self.queue.close()
+        self.queue.close(error)
         self.tokenizer.close()
         self.replicas.clear()
         self.workers.clear()

@@ -831,7 +831,8 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path, reference_texts:
         stopping.process.send_signal(signal.SIGINT)
         assert stopping.process.wait(60) == 0
         worker.join()
-        assert_envelope(results[0], 503, "shutting_down")
+        error = assert_envelope(results[0], 503, "shutting_down")
+        assert "the server shut down before this request finished" in error["message"]
         assert "after a second signal: failing them" in stopping.output()
 
 
