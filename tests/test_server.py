@@ -836,6 +836,45 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path, reference_texts:
         assert "after a second signal: failing them" in stopping.output()
 
 
+SLOW_RESOLVE = """
+import os, sys, time
+import embedx.models.source as source
+resolve = source.resolve
+def slow(*args, **kwargs):
+    print("resolving slowly", file=sys.stderr, flush=True)
+    time.sleep(float(os.environ["SLOW_RESOLVE_S"]))
+    return resolve(*args, **kwargs)
+source.resolve = slow
+"""
+
+
+def test_a_signal_during_preload_stops_at_once_without_waiting_for_the_load(
+    tmp_path: Path,
+) -> None:
+    """A preload can take minutes (a download, a large model): SIGTERM from a supervisor
+    must not wait it out, nor for the thread still reading its weights."""
+    (tmp_path / "sitecustomize.py").write_text(SLOW_RESOLVE)  # a load that takes 60 s
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
+    env.update(HF_HUB_OFFLINE="1", EMBEDX_PORT=str(free_port()), EMBEDX_PRELOAD=MINILM_NAME,
+               PYTHONPATH=str(tmp_path), SLOW_RESOLVE_S="60")  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    assert process.stdout is not None
+    try:
+        for line in process.stdout:  # until the preload is under way
+            if "resolving slowly" in line:
+                break
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    finally:
+        process.kill()  # a no-op once it has exited
+    assert process.returncode == 0, output
+    assert time.monotonic() - signalled < 20, output
+    assert "stopping before the port opened" in output
+    assert "Traceback" not in output
+
+
 def test_sigterm_past_the_drain_timeout_fails_what_still_runs_and_exits(
     tmp_path: Path, reference_texts: list[str]
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -10,7 +11,7 @@ from blacksheep import Application, Request, Response
 from blacksheep.server.routing import Router
 
 from embedx.config import Settings
-from embedx.errors import Bug, EmbedxError, MethodNotAllowed, NotFound
+from embedx.errors import Bug, EmbedxError, MethodNotAllowed, NotFound, ShuttingDown
 from embedx.registry import ModelRegistry, check_default_model
 from embedx.server import admin, embeddings
 from embedx.server.admission import Admission
@@ -59,7 +60,8 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> Edg
     app.exceptions_handlers[Exception] = _unexpected_error
 
     async def preload(application: Application) -> None:
-        await registry.preload(settings.preload)
+        with contextlib.suppress(ShuttingDown):  # stopped while loading (`embedx serve`)
+            await registry.preload(settings.preload)
 
     async def drain(application: Application) -> None:
         await registry.drain(settings.drain_timeout_s)

@@ -5,11 +5,14 @@ unloads, exits 0."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ipaddress
 import logging
+import os
 import signal
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from embedx.config import Settings
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
     from granian.server.embed import Server
 
 log = logging.getLogger("embedx.server")
+IO_THREADS = "embedx-io"
 
 
 def serve(settings: Settings) -> int:
@@ -35,7 +39,27 @@ def serve(settings: Settings) -> int:
             "(set EMBEDX_API_KEY)",
             settings.host,
         )
-    return uvloop.run(_serve(settings))
+    # The loop's own thread pool (asyncio.to_thread: resolving and building a model), so
+    # that a stop asked for while a load runs there need not wait for it.
+    executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix=IO_THREADS)
+    loop = uvloop.new_event_loop()
+    loop.set_default_executor(executor)
+    try:
+        code = loop.run_until_complete(_serve(settings))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+        loop.close()
+    workers = [t for t in threading.enumerate() if t.name.startswith(IO_THREADS)]
+    for worker in workers:
+        worker.join(timeout=1.0)  # an idle one ends at once
+    if any(worker.is_alive() for worker in workers):
+        # A model load (a download, weights being read) still runs and cannot be stopped;
+        # waiting for it would hold the exit for as long as it takes.
+        log.warning("stopped; not waiting for a model load still running")
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 def _loopback(host: str) -> bool:
@@ -63,8 +87,19 @@ async def _serve(settings: Settings) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     async with contextlib.AsyncExitStack() as running:
-        try:  # models to preload load here, before the port opens
-            await running.enter_async_context(lifespan(edge))
+        # models to preload load here, before the port opens; a signal meanwhile stops it
+        starting = asyncio.ensure_future(running.enter_async_context(lifespan(edge)))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not starting.done():
+            log.info("stopping before the port opened: the models being preloaded are dropped")
+            await edge.state.registry.drain(0)  # cancels the loads: the startup ends with them
+            with contextlib.suppress(LifespanFailed):
+                await starting
+            return 0
+        try:
+            starting.result()
         except LifespanFailed as exc:
             log.error("the server did not start: %s", exc)
             return 1
