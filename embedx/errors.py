@@ -189,8 +189,8 @@ class DeviceHung(NoDeviceAvailable):
 class ModelsBusy(Unavailable):
     code = "models_busy"
 
-    def __init__(self, message: str, *, retry: bool = True) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, param: str | None = None, retry: bool = True) -> None:
+        super().__init__(message, param=param)
         self.retry = retry  # False: no retry will help, so no Retry-After for clients to obey
 
     def headers(self) -> dict[str, str]:
