@@ -186,16 +186,14 @@ class ModelRegistry:
             if name not in self._models:  # no other request started it while this one looked
                 self._reserve(spec)
         resident = self._models[name]
+        if request.dtype is not None:  # ignored once it is loaded, but never wrong
+            check_dtype(request.dtype)
+        _asked_pooling(name, resident.spec.pooling, request.pooling)
         if resident.engine is not None and not resident.engine.serving:
             # Every device of it failed. Its requests in flight fail anyway, and the fault
             # may have passed: it loads again, as it was (its pooling and length kept).
-            _asked_pooling(name, resident.spec.pooling, request.pooling)
             closing = self._evict(resident, "every device of it is quarantined")
             resident = self._reserve(resident.spec, closing)
-        else:
-            if request.dtype is not None:  # ignored once it is loaded, but never wrong
-                check_dtype(request.dtype)
-            _asked_pooling(name, resident.spec.pooling, request.pooling)
         resident.users += 1
         if resident.timer is not None:
             resident.timer.cancel()
