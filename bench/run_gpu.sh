@@ -86,10 +86,12 @@ load)
   # Each run is DECODING:CLIENTS:CORES. Decoding: the SDK's default (it asks for base64 and
   # makes Python floats of every row), or raw-base64 (clients ask for base64 themselves and
   # decode with numpy). Cores: the library and the server get SERVER_CORES (0-15) either
-  # way; "split" puts the clients on CLIENT_CORES (16-31), one process a core, as clients on
-  # other machines would be (the default needs 32 cores: the two-GPU machine, with
-  # CUDA_VISIBLE_DEVICES=0; on one H200's 16, say SERVER_CORES=0-11 CLIENT_CORES=12-15),
-  # "shared" leaves them on the server's cores. HTTP=uvicorn serves through bench/serve_uvicorn.py instead of granian;
+  # way; "split" puts the clients on CLIENT_CORES (16-31), as clients on other machines
+  # would be (the default needs 32 cores: the two-GPU machine, with CUDA_VISIBLE_DEVICES=0;
+  # on one H200's 16, say SERVER_CORES=0-11 CLIENT_CORES=12-15), in two processes a core:
+  # with one, on 4 cores, each process's decoding held up its own clients' next requests
+  # and the server ran 20% slower (bench/results/h200-run11/); "shared" leaves them on the
+  # server's cores. HTTP=uvicorn serves through bench/serve_uvicorn.py instead of granian;
   # PASSES sets the timed passes (2), LOAD_MODEL a random shape instead of MiniLM (e.g.
   # bert-large), LOAD_FLAGS adds load.py flags.
   default="sdk:64:shared sdk:128:shared"
@@ -101,7 +103,7 @@ load)
     [ "$model" != minilm ] && flags="$flags --model $model"
     [ $decoding = raw-base64 ] && flags="$flags --raw-base64"
     client_cores=${CLIENT_CORES:-16-31}
-    [ $placement = split ] && flags="$flags --client-cores $client_cores --client-processes $(taskset -c $client_cores nproc)"
+    [ $placement = split ] && flags="$flags --client-cores $client_cores --client-processes $((2 * $(taskset -c $client_cores nproc)))"
     name=load-$model-$decoding-$clients-$placement
     timeout 300 python3 load.py --clients $clients --passes ${PASSES:-2} --http "${HTTP:-granian}" $flags ${LOAD_FLAGS:-} \
       --out "$out/$name.json" >"$out/$name.log" 2>&1
