@@ -404,7 +404,7 @@ class Engine:
         if spec.pooling is None:
             raise Bug("a model reached the engine without a pooling")
         try:
-            limit = max_tokens(files)
+            limit = max_tokens(files, spec.implementation)
         except Exception as exc:
             raise _unbuildable(spec.name, exc) from exc
         if spec.max_seq_len is not None and spec.max_seq_len > limit:

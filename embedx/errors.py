@@ -103,6 +103,11 @@ class InvalidModel(InvalidRequest):
     code = "invalid_model"
 
 
+class NativeCodeLacks(InvalidModel):
+    """A feature of the checkpoint that embedx's own model code lacks and transformers has:
+    `implementation = "auto"` runs such a model through transformers."""
+
+
 # 401, 404, 405, 409, 413
 class AuthenticationFailed(EmbedxError):
     status = 401

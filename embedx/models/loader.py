@@ -3,11 +3,12 @@ sentence-transformers Dense layers, and exposes one call: packed batch in, vecto
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from embedx.errors import InvalidModel
+from embedx.errors import InvalidModel, NativeCodeLacks
 from embedx.models import bert, qwen3
 from embedx.models.pooling import Pooling, bucketed, pool, pooled_rows
 from embedx.models.source import ModelFiles
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     import torch
 
     from embedx.models.packing import PackedBatch
+
+log = logging.getLogger("embedx.loader")
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -60,27 +63,49 @@ def resolve_dtype(requested: str, *, cuda: bool, bf16: bool) -> str:
     return "bfloat16" if bf16 else "float16"
 
 
-def native_code(files: ModelFiles) -> str | None:
-    """Which of embedx's own implementations fits this checkpoint, if any."""
+NativeConfig = bert.BertConfig | qwen3.Qwen3Config
+
+
+def native_config(files: ModelFiles) -> NativeConfig | None:
+    """embedx's own code's reading of the checkpoint's config, for the model types it has code
+    for; NativeCodeLacks names a feature of this checkpoint that code lacks."""
     model_type = files.config.get("model_type")
     if model_type in bert.MODEL_TYPES:
-        return "bert"
+        return bert.BertConfig.from_json(files.config)
     if model_type in qwen3.MODEL_TYPES:
-        return "qwen3"
+        return qwen3.Qwen3Config.from_json(files.config)
     return None
 
 
-def max_tokens(files: ModelFiles) -> int:
+def chosen_config(files: ModelFiles, implementation: str) -> NativeConfig | None:
+    """The native config the model runs on, or None for transformers: `auto` takes embedx's
+    own code where it reads the whole config and leaves the rest (a Qwen3 with sliding-window
+    attention, say) to transformers; `native` refuses a model its code cannot run."""
+    if implementation == "transformers":
+        return None
+    try:
+        config = native_config(files)
+    except NativeCodeLacks as exc:
+        if implementation == "native":
+            raise
+        log.info("embedx's own code does not fit (%s): transformers runs this model", exc)
+        return None
+    if config is None and implementation == "native":
+        raise InvalidModel(
+            f"embedx has no native code for model_type {files.config.get('model_type')!r}"
+        )
+    return config
+
+
+def max_tokens(files: ModelFiles, implementation: str = "auto") -> int:
     """The longest input the model's position table allows."""
-    code = native_code(files)
-    if code == "bert":
-        return bert.BertConfig.from_json(files.config).max_tokens
-    if code == "qwen3":
-        return qwen3.Qwen3Config.from_json(files.config).max_tokens
+    native = chosen_config(files, implementation)
+    if native is not None:
+        return native.max_tokens
     config = files.config
     limit = int(config.get("max_position_embeddings") or config.get("n_positions") or 512)
-    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
-        limit -= int(config.get("pad_token_id", 1)) + 1
+    if config.get("model_type") in bert.MODEL_TYPES:
+        limit -= bert.position_offset(config)
     return limit
 
 
@@ -115,25 +140,19 @@ class EmbeddingModel:
         self.pooling = pooling
         self.normalizes = files.normalizes
         target = torch_dtype(dtype)
-        code = native_code(files) if implementation != "transformers" else None
-        if implementation == "native" and code is None:
-            raise InvalidModel(
-                f"embedx has no native code for model_type {files.config.get('model_type')!r}"
-            )
+        native = chosen_config(files, implementation)
         self.encoder: Encoder
-        if code == "bert":
-            self.encoder = bert.BertEncoder(
-                bert.BertConfig.from_json(files.config), list(files.weights), device, target
-            )
-        elif code == "qwen3":
-            self.encoder = qwen3.Qwen3Encoder(
-                qwen3.Qwen3Config.from_json(files.config), list(files.weights), device, target
-            )
+        if isinstance(native, bert.BertConfig):
+            self.encoder = bert.BertEncoder(native, list(files.weights), device, target)
+            self.implementation = "bert"
+        elif isinstance(native, qwen3.Qwen3Config):
+            self.encoder = qwen3.Qwen3Encoder(native, list(files.weights), device, target)
+            self.implementation = "qwen3"
         else:
             from embedx.models.transformers_auto import TransformersEncoder
 
             self.encoder = TransformersEncoder(files, device, target)
-        self.implementation = code or "transformers"
+            self.implementation = "transformers"
         # A CLS or last token sees its whole text (a causal model's first token does not), so
         # its final state needs only its own row of the last layer.
         self.one_row_per_text = pooling is Pooling.LAST_TOKEN or (

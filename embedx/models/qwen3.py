@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from embedx.errors import InvalidModel
+from embedx.errors import NativeCodeLacks
 from embedx.models.attention import choose_attention
 from embedx.models.fused import fused_ops
 from embedx.models.weights import Checkpoint
@@ -41,12 +41,12 @@ class Qwen3Config:
     @classmethod
     def from_json(cls, config: dict[str, Any]) -> Qwen3Config:
         if config.get("use_sliding_window"):
-            raise InvalidModel("sliding-window attention is not supported by the Qwen3 code")
+            raise NativeCodeLacks("sliding-window attention is not supported by the Qwen3 code")
         if config.get("hidden_act", "silu") != "silu":
-            raise InvalidModel("only the SiLU (SwiGLU) Qwen3 MLP is supported")
+            raise NativeCodeLacks("only the SiLU (SwiGLU) Qwen3 MLP is supported")
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         if rope.get("rope_type", "default") != "default":
-            raise InvalidModel(f"rope type {rope.get('rope_type')!r} is not supported")
+            raise NativeCodeLacks(f"rope type {rope.get('rope_type')!r} is not supported")
         theta = rope.get("rope_theta", config.get("rope_theta", 1_000_000.0))
         heads = config["num_attention_heads"]
         return cls(
