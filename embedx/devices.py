@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -354,7 +355,8 @@ class CpuAccelerator:
             raise DeviceHung(f"{self.info.label}: a batch ran past {deadline_s:.1f} s") from None
 
     def free_memory(self) -> int:
-        return _cpu_memory()[0]
+        available, total = _cpu_memory()
+        return available if total else sys.maxsize  # no /proc/meminfo: nothing to go by
 
     def peak_memory(self, reset: bool = False) -> int:
         return 0

@@ -450,7 +450,7 @@ class Engine:
             needed = weight_bytes(self.files, dtype)
         except Exception as exc:
             raise _unbuildable(self.spec.name, exc) from exc
-        free = accelerator.free_memory() if info.is_cuda else needed
+        free = accelerator.free_memory()
         if needed > free:
             self.skipped[info.label] = f"needs {needed >> 20} MiB, {free >> 20} MiB free"
             return

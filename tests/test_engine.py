@@ -355,6 +355,18 @@ async def test_a_failed_smoke_test_leaves_nothing_loaded(
     assert not closed[0].replicas
 
 
+async def test_a_cpu_replica_that_needs_more_than_the_hosts_free_memory_is_not_loaded(
+    make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedx import devices
+    from embedx.errors import NoDeviceFits
+
+    monkeypatch.setattr(devices, "_cpu_memory", lambda: (1 << 20, 1 << 34))
+    with pytest.raises(NoDeviceFits, match=r"cpu: needs \d+ MiB, 1 MiB free"):
+        async with make_engine(("cpu",)):
+            pass
+
+
 async def test_a_template_wraps_every_input(
     make_engine: Callable[..., Any], sentence_transformer: Any
 ) -> None:
