@@ -613,6 +613,11 @@ def test_metrics_are_prometheus_text(server: Server) -> None:
                    "embedx_tokenizer_collect_seconds_total"):  # fmt: skip
         assert family in text
     assert 'embedx_requests_total{route="/v1/embeddings",method="POST",status="200"}' in text
+    made_up = "MADEUP" + "X" * 500  # any token is a method to HTTP: counted as "other"
+    assert httpx.request(made_up, server.url + "/health").status_code == 405
+    text = httpx.get(server.url + "/metrics").text
+    assert made_up not in text
+    assert 'embedx_requests_total{route="/health",method="other",status="405"}' in text
 
 
 def test_docs_and_openapi_describe_every_route(server: Server) -> None:

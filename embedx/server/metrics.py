@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from embedx.server.admission import Admission
 
 
+# Methods counted by name; any other is "other", as unknown paths are: a client sending
+# made-up methods must not grow the series without bound.
+COUNTED_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+
+
 class HttpMetrics:
     """Requests and errors by route, method and status; latency by route."""
 
@@ -23,7 +28,8 @@ class HttpMetrics:
         self.latency: dict[str, Histogram] = {}
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.requests[(route, method, status)] += 1
+        counted = method if method in COUNTED_METHODS else "other"
+        self.requests[(route, counted, status)] += 1
         histogram = self.latency.get(route)
         if histogram is None:
             histogram = self.latency[route] = Histogram(LATENCY_BUCKETS_S)
