@@ -107,24 +107,15 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
     from embedx.devices import discover
     from embedx.models.catalog import load_catalog
     from embedx.models.source import check_exists
-    from embedx.registry import check_default_model
+    from embedx.registry import check_default_model, check_preload
 
     try:
         catalog = load_catalog(settings.models_file)
     except EmbedxError as exc:
         print(f"embedx check: catalog: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG
-    missing = [name for name in settings.preload if name not in catalog]
-    if missing:
-        print(f"embedx check: EMBEDX_PRELOAD names models not in the catalog: {missing}",
-              file=sys.stderr)  # fmt: skip
-        return EXIT_CONFIG
-    unpooled = [name for name in settings.preload if catalog[name].pooling is None]
-    if unpooled:  # `serve` would stop at start-up: no request states their pooling
-        print(f"embedx check: EMBEDX_PRELOAD names models without a pooling in the catalog: "
-              f"{unpooled}", file=sys.stderr)  # fmt: skip
-        return EXIT_CONFIG
     try:
+        check_preload(settings, catalog)
         check_default_model(settings, catalog)
     except EmbedxError as exc:
         print(f"embedx check: {exc.message}", file=sys.stderr)

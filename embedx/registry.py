@@ -416,6 +416,20 @@ class ModelRegistry:
         return found
 
 
+def check_preload(settings: Settings, catalog: Mapping[str, ModelSpec]) -> None:
+    """EMBEDX_PRELOAD names catalog entries that state their pooling: no request comes with
+    a preload to state it."""
+    missing = [name for name in settings.preload if name not in catalog]
+    if missing:
+        raise ConfigError(f"EMBEDX_PRELOAD names models not in the catalog: {missing}")
+    unpooled = [name for name in settings.preload if catalog[name].pooling is None]
+    if unpooled:
+        raise ConfigError(
+            f"EMBEDX_PRELOAD names models without a pooling in the catalog: {unpooled}; "
+            "add one to their entries in EMBEDX_MODELS_FILE"
+        )
+
+
 def check_default_model(settings: Settings, catalog: Mapping[str, ModelSpec]) -> None:
     """EMBEDX_DEFAULT_MODEL serves TEI's clients, which name no model and can state no
     pooling: it must be a catalog entry that states one."""

@@ -688,13 +688,23 @@ def test_a_client_that_hangs_up_has_its_texts_dropped(
 # -- servers with other settings ------------------------------------------------------------
 
 
-def test_a_model_that_fails_to_preload_stops_the_server_with_exit_1() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
-    env.update(HF_HUB_OFFLINE="1", EMBEDX_PORT=str(free_port()), EMBEDX_PRELOAD="no-such/model")
-    done = subprocess.run([sys.executable, "-m", "embedx", "serve"], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+def test_a_model_that_fails_to_preload_stops_the_server(tmp_path: Path) -> None:
+    def serve(**settings: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
+        env.update(HF_HUB_OFFLINE="1", EMBEDX_PORT=str(free_port()), **settings)
+        return subprocess.run([sys.executable, "-m", "embedx", "serve"], env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    # a name the catalog lacks is a configuration error, as `embedx check` says
+    done = serve(EMBEDX_PRELOAD="no-such/model")
+    assert done.returncode == 2
+    assert "EMBEDX_PRELOAD names models not in the catalog: ['no-such/model']" in done.stderr
+    assert "Traceback" not in done.stderr
+    # a catalog model whose load fails stops the start
+    models = tmp_path / "models.toml"
+    models.write_text(f'[models.a]\nsource = "{tmp_path / "gone"}"\npooling = "cls"\n')
+    done = serve(EMBEDX_PRELOAD="a", EMBEDX_MODELS_FILE=str(models))
     assert done.returncode == 1
-    assert "'no-such/model', which is not in the catalog" in done.stderr
     assert "the server did not start" in done.stderr
 
 

@@ -12,7 +12,7 @@ from blacksheep.server.routing import Router
 
 from embedx.config import Settings
 from embedx.errors import Bug, EmbedxError, MethodNotAllowed, NotFound, ShuttingDown
-from embedx.registry import ModelRegistry, check_default_model
+from embedx.registry import ModelRegistry, check_default_model, check_preload
 from embedx.server import admin, embeddings
 from embedx.server.admission import Admission
 from embedx.server.edge import REQUEST_ID, Edge, route_of
@@ -46,6 +46,7 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> Edg
         registry = ModelRegistry(
             settings, load_catalog(settings.models_file), discover(settings), open_accelerator
         )
+    check_preload(settings, registry.catalog)
     check_default_model(settings, registry.catalog)
     admission = Admission(settings.max_concurrent_requests, settings.request_queue_timeout_s)
     state = ServerState(settings, registry, registry.devices, admission)
