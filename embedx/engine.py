@@ -387,6 +387,7 @@ class Engine:
         self._idle = asyncio.Event()
         self._idle.set()
         self.skipped: dict[str, str] = {}  # device -> why the model is not on it
+        self._holds_heap = False  # counted in `heap.hold` once loaded
 
     # -- loading -------------------------------------------------------------------------
 
@@ -438,7 +439,8 @@ class Engine:
         except BaseException:
             await engine.close()
             raise
-        heap.freeze()  # the model and everything loaded with it stay: stop scanning them
+        heap.hold()  # the model and everything loaded with it stay: stop scanning them
+        engine._holds_heap = True
         return engine
 
     async def _add_device(self, accelerator: Accelerator) -> None:
@@ -738,7 +740,9 @@ class Engine:
         # emptying a GPU's cache waits for its stream, which other models share: not on the loop
         for accelerator in self.accelerators:
             await asyncio.to_thread(accelerator.close)
-        heap.thaw()  # the next load freezes what is still alive
+        if self._holds_heap:  # a load that failed never held it
+            self._holds_heap = False
+            heap.release()  # the next load, or the registry, freezes what is still alive
 
     # -- reporting -----------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """What Python's cyclic garbage collector scans: nothing new over a burst of allocations,
 nothing that was alive when the last model finished loading, and young objects only once
-tens of thousands have piled up.
+tens of thousands have piled up, while any model is loaded.
 
 An embed over 39,646 texts makes tens of thousands of work records that live until it ends,
 so a full collection came once a call, scanning every object in the process (torch's and
@@ -22,7 +22,8 @@ from collections.abc import Iterator
 # rounds: the server 6 to 8% faster with this, the library 7 to 23%
 # (bench/results/h200x2-run16/, `gc-engine`).
 YOUNG_OBJECTS = 50_000
-_young_before: int | None = None  # the threshold `freeze` raised, for `thaw`
+_models = 0  # models loaded in this process (engines, each Embedder's or the server's)
+_young_before: int | None = None  # the threshold `hold` raised, for the last `release`
 
 
 @contextlib.contextmanager
@@ -41,26 +42,35 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def freeze() -> None:
-    """Collect what is garbage now, then leave every object alive out of later collections
-    (`gc.freeze`): once a model is loaded, most of the process is here to stay. Young
-    collections wait for YOUNG_OBJECTS new objects (unless collection is off)."""
-    global _young_before
-    gc.collect()
-    gc.freeze()
+def hold() -> None:
+    """A model finished loading: freeze the heap, and young collections wait for
+    YOUNG_OBJECTS new objects (unless collection is off) until the last model is released."""
+    global _models, _young_before
+    _models += 1
     young, *older = gc.get_threshold()
     if 0 < young < YOUNG_OBJECTS:
         _young_before = young
         gc.set_threshold(YOUNG_OBJECTS, *older)
+    freeze()
 
 
-def thaw() -> None:
-    """Let collections scan everything again: a closed model's objects, if any of them hold
-    each other in a cycle, are freed by the next full collection rather than never. The
-    young threshold goes back to what it was before `freeze` raised it."""
-    global _young_before
+def freeze() -> None:
+    """Collect what is garbage now, then leave every object alive out of later collections
+    (`gc.freeze`): once a model is loaded, most of the process is here to stay."""
+    gc.collect()
+    gc.freeze()
+
+
+def release() -> None:
+    """A model closed: collections scan everything again, so that its objects, if any of
+    them hold each other in a cycle, are freed by the next full collection rather than never
+    (`freeze` again once they are gone keeps the other models' out). The young threshold
+    goes back to what it was once no model is left."""
+    global _models, _young_before
+    _models = max(0, _models - 1)
     gc.unfreeze()
     young, *older = gc.get_threshold()
-    if _young_before is not None and young == YOUNG_OBJECTS:
+    if not _models and _young_before is not None and young == YOUNG_OBJECTS:
         gc.set_threshold(_young_before, *older)
-    _young_before = None
+    if not _models:
+        _young_before = None

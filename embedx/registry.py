@@ -346,7 +346,7 @@ class ModelRegistry:
 
     def _unloaded(self, task: asyncio.Task[None]) -> None:
         self._unloading.discard(task)
-        if self._models:  # closing thawed the heap: freeze again what the others keep alive
+        if self._models:  # closing unfroze the heap: freeze again what the others keep alive
             heap.freeze()
 
     async def preload(self, names: Sequence[str]) -> None:

@@ -460,11 +460,16 @@ async def test_a_loaded_model_leaves_the_collectors_scans_until_it_closes(
     make_engine: Callable[..., Any],
 ) -> None:
     threshold = gc.get_threshold()
-    async with make_engine(("cpu",)) as engine:
+    raised = (heap.YOUNG_OBJECTS, *threshold[1:])
+    async with make_engine(("cpu",)) as engine, make_engine(("cpu",)) as other:
         assert gc.get_freeze_count() > 0, "the heap is scanned in full on every collection"
-        assert gc.get_threshold() == (heap.YOUNG_OBJECTS, *threshold[1:])
+        assert gc.get_threshold() == raised
         await engine.close()
         assert gc.get_freeze_count() == 0, "a closed model's cycles would never be collected"
+        assert gc.get_threshold() == raised, "the other model's collections came back"
+        await engine.close()  # again: counted once
+        assert gc.get_threshold() == raised
+        await other.close()
         assert gc.get_threshold() == threshold
 
 
