@@ -236,12 +236,14 @@ def _unbuildable(name: str, error: Exception) -> Exception:
     """What a failure to build a model from its files is: embedx's own errors as they are;
     the device's or host's (a CUDA error, a read that failed, memory) a 503 to retry; any
     other (a config transformers does not know or that lacks a key, weights that are not
-    safetensors inside) the model's fault, a 400; its traceback logged either way."""
+    safetensors inside) the model's fault, a 400; its traceback logged (INFO) either way."""
     if isinstance(error, InvalidModel) and error.param is None:  # raised deep in the loader
         return InvalidModel(f"model {name!r}: {error.message}", param="model")
     if isinstance(error, EmbedxError):
         return error
-    log.warning("model %r could not be built", name, exc_info=error)
+    # the caller gets the error; the traceback is for a server's log, at INFO so that a
+    # library or CLI user with no logging set up sees the error alone, not it twice
+    log.info("model %r could not be built", name, exc_info=error)
     detail = str(error).split("\n")[0][:300]
     if _host_fault(error):
         return ModelUnavailable(

@@ -94,6 +94,21 @@ def test_embed_without_a_pooling_names_the_flag(minilm_dir: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_a_model_that_cannot_be_built_is_one_line_not_a_traceback(
+    minilm_dir: Path, tmp_path: Path
+) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        (tmp_path / name).write_bytes((minilm_dir / name).read_bytes())
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')  # no sizes
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    done = run("embed", str(tmp_path), "--pooling", "mean", "hi", env={"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"embedx: model {str(tmp_path)!r} could not be built from its files (KeyError: "
+        "'vocab_size'); check its config.json and weights"
+    ]
+
+
 def test_embed_takes_texts_after_its_flags_and_refuses_unknown_flags() -> None:
     model = "sentence-transformers/all-MiniLM-L6-v2"
     done = run("embed", model, "--pooling", "mean", "hello", "world")
