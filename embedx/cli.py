@@ -19,6 +19,7 @@ EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_DEVICES = 3
 EXIT_WARM = 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -209,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `| head`: the reader had enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except KeyboardInterrupt:  # Ctrl-C (`serve` handles its own signals)
+        print("embedx: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except ConfigError as exc:
         print(f"embedx: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG

@@ -3,8 +3,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -107,6 +109,28 @@ def test_a_model_that_cannot_be_built_is_one_line_not_a_traceback(
         f"embedx: model {str(tmp_path)!r} could not be built from its files (KeyError: "
         "'vocab_size'); check its config.json and weights"
     ]
+
+
+def test_ctrl_c_during_an_embed_ends_it_with_one_line_and_exit_130() -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
+    environment["HF_HUB_OFFLINE"] = "1"
+    texts = "\n".join(f"text {i} " + "many words in a long line " * 30 for i in range(20000))
+    embedding = subprocess.Popen(
+        [sys.executable, "-m", "embedx", "embed", "sentence-transformers/all-MiniLM-L6-v2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+    )
+    assert embedding.stdin is not None
+    assert embedding.stderr is not None
+    embedding.stdin.write(texts)
+    embedding.stdin.close()
+    time.sleep(8)  # loaded and embedding: minutes of work on two cores
+    embedding.send_signal(signal.SIGINT)
+    assert embedding.wait(timeout=60) == 130
+    assert embedding.stderr.read().strip() == "embedx: interrupted"
 
 
 def test_embed_takes_texts_after_its_flags_and_refuses_unknown_flags() -> None:
