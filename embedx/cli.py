@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> Settings:
     names = {f.name for f in dataclasses.fields(Settings)}
-    return load_settings({k: v for k, v in vars(args).items() if k in names})
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return load_settings(given)
 
 
 def _info(settings: Settings, as_json: bool) -> int:

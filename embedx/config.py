@@ -59,6 +59,8 @@ def _optional(parse: Callable[[object], Any]) -> Callable[[object], Any]:
 
 
 def _seconds(raw: object) -> float:
+    if isinstance(raw, bool):  # an int to Python: `true` in a TOML file is no duration
+        raise ValueError("expected a number of seconds")
     value = float(str(raw).strip()) if not isinstance(raw, int | float) else float(raw)
     if not 0 <= value < math.inf:  # nan too: it compares false with everything
         raise ValueError("must be a finite number of seconds, 0 or more")
@@ -378,9 +380,7 @@ def load_settings(
             )
         values[key] = _parse(key, raw, "environment " + var)
 
-    for key, raw in (overrides or {}).items():
-        if raw is None:
-            continue
+    for key, raw in (overrides or {}).items():  # None too: `wrapping=None` means none
         if key not in names:
             raise ConfigError(f"unknown setting {key!r}.{_did_you_mean(key, names)}")
         values[key] = _parse(key, raw, "--" + key.replace("_", "-"))

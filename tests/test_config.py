@@ -37,6 +37,14 @@ def test_precedence_is_defaults_then_toml_then_environment_then_flags(tmp_path: 
     assert settings.host == "0.0.0.0"  # file beats default
     assert settings.max_batch_tokens == 1000
     assert load_settings(environ=environ).port == 9001  # environment beats file
+    # a keyword of None (Embedder(..., wrapping=None)) is a value too: no wrapping
+    environ = {"EMBEDX_WRAPPING": "query: {text}"}
+    assert load_settings({"wrapping": None}, environ=environ).wrapping is None
+    with pytest.raises(ConfigError, match="port = None is not valid"):
+        load_settings({"port": None}, environ={})
+    config.write_text("drain_timeout_s = true\n")  # a TOML bool is no duration
+    with pytest.raises(ConfigError, match="drain_timeout_s = True is not valid"):
+        load_settings(environ={"EMBEDX_CONFIG": str(config)})
 
 
 @pytest.mark.parametrize(
