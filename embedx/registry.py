@@ -279,6 +279,7 @@ class ModelRegistry:
         self.loads += 1
         resident.engine = engine
         log.info("loaded %s in %.1f s", spec.name, seconds)
+        self._settle_unused(resident)  # every request that waited for it may have left
         return engine
 
     def _check_failed(self, name: str) -> None:
@@ -311,6 +312,11 @@ class ModelRegistry:
     def _release(self, resident: Resident) -> None:
         resident.users -= 1
         resident.last_used = time.monotonic()
+        self._settle_unused(resident)
+
+    def _settle_unused(self, resident: Resident) -> None:
+        """A loaded model no request holds: unloaded now, or timed to be once idle for its
+        keep-alive."""
         if resident.users or resident.engine is None or self._closing:
             return
         if self._models.get(resident.spec.name) is not resident:

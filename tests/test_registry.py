@@ -189,6 +189,28 @@ async def test_an_idle_model_unloads_after_its_keep_alive(minilm_dir: Path) -> N
     assert models.residents() == []
 
 
+async def test_a_model_whose_every_request_left_during_its_load_still_idles_out(
+    minilm_dir: Path,
+) -> None:
+    models = registry()
+    request = LoadRequest(pooling="mean", keep_alive_s=0.2)
+
+    async def gives_up() -> None:  # a client that disconnects during the cold load
+        async with models.lease(str(minilm_dir), request):
+            raise AssertionError("cancelled before the load finished")
+
+    waiting = asyncio.create_task(gives_up())
+    await asyncio.sleep(0.05)
+    (resident,) = models._models.values()
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert resident.task is not None
+    await resident.task  # the load goes on for the next request
+    await asyncio.sleep(0.6)
+    assert not models.residents(), "loaded, unused, and never unloaded"
+    await models.drain(5)
+
+
 async def test_the_residency_cap_evicts_the_least_recently_used_idle_model(
     tiny_models: dict[str, Path],
 ) -> None:
