@@ -643,7 +643,8 @@ class Engine:
             before, after = template.split("{text}")
             texts = [before + text + after for text in texts]
         started = time.monotonic()
-        job = Job(len(texts), future=asyncio.get_running_loop().create_future())
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        job = Job(len(texts), future=done)
         normalize = self.options.normalize if options.normalize is None else options.normalize
         full_width = options.dimensions in (None, self.dimensions)
         # narrower rows are cut from the raw ones at the end, then normalized and encoded
@@ -660,10 +661,11 @@ class Engine:
         try:
             truncated = await self._tokenize_into(job, texts, options.truncate)
             submitted = time.monotonic()
-            assert job.future is not None
-            await job.future
+            await done
         except BaseException:
             self.queue.cancel(job)
+            if done.done() and not done.cancelled():
+                done.exception()  # failed while tokenizing: raised as the tokenizer's error
             raise
         finally:
             self._jobs_in_flight -= 1

@@ -92,6 +92,34 @@ def test_closing_an_embedder_ends_the_calls_in_flight_with_an_error(minilm_dir: 
         assert outcome is None or "Embedder was closed" in str(outcome), repr(outcome)
 
 
+def test_closing_an_embedder_mid_call_leaves_no_asyncio_noise(minilm_dir: Path) -> None:
+    done = run_script(
+        """
+        import gc, sys, threading, time
+        from embedx import Embedder
+        e = Embedder(sys.argv[1], pooling="mean")
+
+        def call():
+            try:
+                e.embed(["many words " * 100] * 4000)  # still tokenizing at the close
+            except RuntimeError as exc:
+                print(exc, flush=True)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(0.5)
+        e.close()
+        caller.join()
+        gc.collect()
+        """,
+        str(minilm_dir),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "the Embedder was closed while this call ran"
+    assert "never retrieved" not in done.stderr, done.stderr  # a request's failed future
+    assert "Task was destroyed" not in done.stderr, done.stderr
+
+
 def test_a_forked_child_is_told_to_make_its_own_embedder(minilm_dir: Path) -> None:
     done = run_script(
         """
