@@ -19,6 +19,7 @@ from embedx.errors import InvalidInput, InvalidOption, PoolingRequired, Shutting
 T = TypeVar("T")
 SIGNAL_CHECK_S = 0.1
 CLOSED_WHILE_RUNNING = "the Embedder was closed while this call ran"
+CLOSED = "this Embedder is closed: its model was unloaded; make a new one"
 
 
 class Embedder:
@@ -57,6 +58,7 @@ class Embedder:
             self._engine: Engine = self._loop.call(
                 self._load(os.fspath(model), pooling, dtype, max_seq_len)
             )
+            self._loop.engine = self._engine
         except BaseException:
             self.close()
             raise
@@ -157,7 +159,7 @@ class Embedder:
 
     def _open_loop(self) -> _LoopThread:
         if self._loop is None:
-            raise RuntimeError("this Embedder is closed: its model was unloaded; make a new one")
+            raise RuntimeError(CLOSED)
         if self._loop.pid != os.getpid():  # a forked child has no loop thread: it would hang
             raise RuntimeError("an Embedder does not cross a fork: make one in the child process")
         return self._loop
@@ -196,15 +198,22 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        # The running thread holds this object (its target is a method of it), and so the
+        # engine: an Embedder dropped unclosed keeps its model working until the process
+        # exits, rather than its engine being collected under its worker tasks.
+        self.engine: Engine | None = None
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="embedx-embedder", daemon=True
-        )
+        self._stopped = False
+        self._stopping = threading.Lock()  # no call is scheduled on a loop stopped under it
+        self._thread = threading.Thread(target=self._run, name="embedx-embedder", daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        self._loop.run_forever()
 
     def call(self, work: Coroutine[Any, Any, T]) -> T:
         """Run `work` on the loop and wait for it; interrupted (Ctrl-C), it is cancelled."""
-        future = asyncio.run_coroutine_threadsafe(work, self._loop)
+        future = self._submit(work)
         try:
             # Waking now and then: a Ctrl-C that the kernel hands to another thread (the
             # tokenizer's, say) is raised here only when this thread runs again.
@@ -220,7 +229,16 @@ class _LoopThread:
     def wrap(self, work: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
         """`work` run on this loop, as a future of the caller's loop; cancelling that
         cancels the work."""
-        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
+        return asyncio.wrap_future(self._submit(work))
+
+    def _submit(self, work: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule `work` here, unless the loop stopped (another thread closed the Embedder
+        after this one found it open): scheduled then, it would never run."""
+        with self._stopping:
+            if self._stopped:
+                work.close()
+                raise RuntimeError(CLOSED)
+            return asyncio.run_coroutine_threadsafe(work, self._loop)
 
     def stop(self) -> None:
         """Cancel what still runs here (calls from other threads, a tokenizer's wait), so
@@ -232,6 +250,8 @@ class _LoopThread:
                 task.cancel()
             await asyncio.gather(*rest, return_exceptions=True)
 
+        with self._stopping:  # what was scheduled before runs first, and is cancelled
+            self._stopped = True
         asyncio.run_coroutine_threadsafe(cancel_the_rest(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()

@@ -120,6 +120,31 @@ def test_closing_an_embedder_mid_call_leaves_no_asyncio_noise(minilm_dir: Path) 
     assert "Task was destroyed" not in done.stderr, done.stderr
 
 
+def test_an_embedder_left_open_keeps_working_when_another_closes(minilm_dir: Path) -> None:
+    done = run_script(
+        """
+        import gc, sys
+        from embedx import Embedder
+        Embedder(sys.argv[1], pooling="mean").embed(["left open"])  # dropped, never closed
+        with Embedder(sys.argv[1], pooling="mean") as e:  # closing it unfreezes the heap
+            print(e.embed(["closed"]).shape)
+        gc.collect()
+        """,
+        str(minilm_dir),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(1, 384)"
+    assert "Task was destroyed" not in done.stderr, done.stderr
+
+
+def test_a_call_that_found_the_embedder_open_as_it_closed_is_told_so(minilm_dir: Path) -> None:
+    embedder = Embedder(minilm_dir, pooling="mean")
+    loop = embedder._open_loop()  # a call on another thread got this far, then:
+    embedder.close()
+    with pytest.raises(RuntimeError, match="this Embedder is closed"):
+        loop.call(asyncio.sleep(0))  # scheduled on the stopped loop, it would never run
+
+
 def test_a_forked_child_is_told_to_make_its_own_embedder(minilm_dir: Path) -> None:
     done = run_script(
         """
