@@ -257,6 +257,7 @@ class CudaAccelerator:
         self.device = torch.device("cuda", int(info.key))
         self._torch = torch
         self.stream = _device_stream(self.device)
+        self.hung = False  # a batch ran past its deadline: waiting for the GPU may never end
 
     def launch(self, work: Callable[[], T]) -> CudaLaunch[T]:
         cuda = self._torch.cuda
@@ -274,6 +275,7 @@ class CudaAccelerator:
         give_up = launch.launched_at + deadline_s
         while not finished.query():
             if time.monotonic() > give_up:
+                self.hung = True
                 raise DeviceHung(f"{self.info.label}: a batch ran past {deadline_s:.1f} s")
             await asyncio.sleep(POLL_S)
         return launch.output, launch.started.elapsed_time(finished) / 1000.0
@@ -301,7 +303,10 @@ class CudaAccelerator:
         return isinstance(error, self._torch.OutOfMemoryError)
 
     def close(self) -> None:
-        self.release_cached_memory()
+        # Emptying the cache synchronizes the device: behind a hung kernel that waits for
+        # ever, and with it the model's unload and the reload waiting for that
+        if not self.hung:
+            self.release_cached_memory()
 
 
 _STREAMS: dict[int, torch.cuda.Stream] = {}

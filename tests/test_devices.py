@@ -117,6 +117,19 @@ def test_awaiting_a_gpu_batch_sleeps_between_polls_on_uvloop() -> None:
     assert cpu_s < 0.03  # a spinning loop burns the whole 0.1 s
 
 
+async def test_a_gpu_whose_batch_hung_is_closed_without_waiting_for_it() -> None:
+    accelerator = object.__new__(CudaAccelerator)  # no GPU needed: the event never completes
+    accelerator.info = cpu_info("gpu")
+    accelerator.hung = False
+    emptied: list[bool] = []
+    accelerator.release_cached_memory = lambda: emptied.append(True)  # type: ignore[method-assign]
+    launch = CudaLaunch("rows", _DoneIn(0.0), _DoneIn(3600.0), time.monotonic())
+    with pytest.raises(DeviceHung):
+        await accelerator.result(launch, 0.05)
+    accelerator.close()  # synchronizing would wait for the hung kernel: for ever
+    assert not emptied
+
+
 def test_importing_embedx_turns_off_onednn_primitive_caching_unless_set() -> None:
     """Batches come in every shape; oneDNN's per-shape cache grew a CPU process without end
     (bench/cpu_memory.py)."""
