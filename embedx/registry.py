@@ -192,8 +192,8 @@ class ModelRegistry:
         if resident.engine is not None and not resident.engine.serving:
             # Every device of it failed. Its requests in flight fail anyway, and the fault
             # may have passed: it loads again, as it was (its pooling and length kept).
-            closing = self._evict(resident, "every device of it is quarantined")
-            resident = self._reserve(resident.spec, closing)
+            self._evict(resident, "every device of it is quarantined")
+            resident = self._reserve(resident.spec)
         resident.users += 1
         if resident.timer is not None:
             resident.timer.cancel()
@@ -217,9 +217,9 @@ class ModelRegistry:
             raise
         return resident
 
-    def _reserve(self, spec: ModelSpec, evicted: asyncio.Task[None] | None = None) -> Resident:
+    def _reserve(self, spec: ModelSpec) -> Resident:
         """Take a residency slot (evicting the least recently used idle model if the cap is
-        reached) and start loading, once `evicted` (an engine closing) has freed its memory.
+        reached) and start loading once the engines closing have freed their memory.
         The slot is taken before any await, so concurrent cold loads never exceed the cap."""
         if len(self._models) >= self.settings.max_loaded_models:
             idle = [
@@ -240,21 +240,22 @@ class ModelRegistry:
                     "are in use, loading or preloaded; try again shortly"
                 )
             victim = min(idle, key=lambda r: r.last_used)
-            evicted = self._evict(victim, "to make room")
+            self._evict(victim, "to make room")
         keep_alive = spec.keep_alive_s
         if keep_alive is None:
             preloaded = spec.name in self._preloaded
             keep_alive = FOREVER if preloaded else self.settings.default_keep_alive_s
         resident = Resident(spec, keep_alive)
         self._models[spec.name] = resident
-        resident.task = asyncio.create_task(self._load(resident, evicted), name=f"load-{spec.name}")
+        resident.task = asyncio.create_task(self._load(resident), name=f"load-{spec.name}")
         return resident
 
-    async def _load(self, resident: Resident, evicted: asyncio.Task[None] | None) -> Engine:
+    async def _load(self, resident: Resident) -> Engine:
         spec = resident.spec
         try:
-            if evicted is not None:
-                await evicted  # its memory must be free before this model takes it
+            # Their memory must be free before this model takes it: one evicted to make room,
+            # or unloaded a moment ago (keep_alive 0, idle) and now asked for again.
+            await asyncio.gather(*self._unloading, return_exceptions=True)
             async with self._load_slots:
                 from embedx.models.source import resolve
 
@@ -335,8 +336,8 @@ class ModelRegistry:
         if resident.users == 0 and self._models.get(resident.spec.name) is resident:
             self._evict(resident, f"idle for {resident.keep_alive_s:.0f} s")
 
-    def _evict(self, resident: Resident, why: str) -> asyncio.Task[None]:
-        """Forget the model now; its engine closes in the background (awaitable)."""
+    def _evict(self, resident: Resident, why: str) -> None:
+        """Forget the model now; its engine closes in the background (`_unloading`)."""
         del self._models[resident.spec.name]
         if resident.timer is not None:
             resident.timer.cancel()
@@ -348,7 +349,6 @@ class ModelRegistry:
         task = asyncio.create_task(engine.close(), name=f"unload-{resident.spec.name}")
         self._unloading.add(task)
         task.add_done_callback(self._unloaded)
-        return task
 
     def _unloaded(self, task: asyncio.Task[None]) -> None:
         self._unloading.discard(task)

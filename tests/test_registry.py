@@ -11,6 +11,7 @@ import pytest
 
 from embedx.config import load_settings
 from embedx.devices import CpuAccelerator
+from embedx.engine import Engine
 from embedx.errors import InvalidModel, ModelNotFound, ModelsBusy, PoolingConflict, PoolingRequired
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
@@ -209,6 +210,32 @@ async def test_a_model_whose_every_request_left_during_its_load_still_idles_out(
     await asyncio.sleep(0.6)
     assert not models.residents(), "loaded, unused, and never unloaded"
     await models.drain(5)
+
+
+async def test_a_model_asked_for_as_it_unloads_loads_once_its_memory_is_free(
+    minilm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    close, load = Engine.close, Engine.load
+
+    async def slow_close(self: Engine, error: BaseException | None = None) -> None:
+        await asyncio.sleep(0.3)  # a GPU's cache takes a moment to empty
+        await close(self, error)
+        events.append("closed")
+
+    async def recorded_load(*args: Any) -> Engine:
+        events.append("loading")
+        return await load(*args)
+
+    monkeypatch.setattr(Engine, "close", slow_close)
+    monkeypatch.setattr(Engine, "load", recorded_load)
+    models = registry()
+    request = LoadRequest(pooling="mean", keep_alive_s=0)
+    for _ in range(2):  # unloaded as the first lease ends, asked for again at once
+        async with models.lease(str(minilm_dir), request):
+            pass
+    await models.drain(5)
+    assert events[:3] == ["loading", "closed", "loading"]
 
 
 async def test_the_residency_cap_evicts_the_least_recently_used_idle_model(
