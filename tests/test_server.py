@@ -705,7 +705,9 @@ def test_a_model_that_fails_to_preload_stops_the_server(tmp_path: Path) -> None:
     models.write_text(f'[models.a]\nsource = "{tmp_path / "gone"}"\npooling = "cls"\n')
     done = serve(EMBEDX_PRELOAD="a", EMBEDX_MODELS_FILE=str(models))
     assert done.returncode == 1
-    assert "the server did not start" in done.stderr
+    assert "the server did not start: a model of EMBEDX_PRELOAD did not load" in done.stderr
+    assert "is not a directory" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 @contextlib.contextmanager

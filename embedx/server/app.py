@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -11,7 +10,7 @@ from blacksheep import Application, Request, Response
 from blacksheep.server.routing import Router
 
 from embedx.config import Settings
-from embedx.errors import Bug, EmbedxError, MethodNotAllowed, NotFound, ShuttingDown
+from embedx.errors import Bug, EmbedxError, MethodNotAllowed, NotFound
 from embedx.registry import ModelRegistry, check_default_model, check_preload
 from embedx.server import admin, embeddings
 from embedx.server.admission import Admission
@@ -60,15 +59,10 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> Edg
     app.exceptions_handlers[EmbedxError] = _embedx_error
     app.exceptions_handlers[Exception] = _unexpected_error
 
-    async def preload(application: Application) -> None:
-        with contextlib.suppress(ShuttingDown):  # stopped while loading (`embedx serve`)
-            await registry.preload(settings.preload)
-
     async def drain(application: Application) -> None:
         await registry.drain(settings.drain_timeout_s)
 
-    app.on_start += preload
-    app.on_stop += drain
+    app.on_stop += drain  # the edge preloads, once the app has started
     return Edge(app, state, frozenset(path for _, path, _ in ROUTES))
 
 

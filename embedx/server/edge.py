@@ -54,7 +54,10 @@ class Edge:
         self._origins = frozenset(origin.rstrip("/").encode() for origin in origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # lifespan: the app starts and stops the registry
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._preloading_send(send))
+            return
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         state = self.state
@@ -103,6 +106,25 @@ class Edge:
                 seconds * 1000,
                 request_id,
             )
+
+    def _preloading_send(self, send: Send) -> Send:
+        """The lifespan's `send`, loading EMBEDX_PRELOAD's models once the app has started
+        and before the server hears so. A model that fails to load fails the startup with its
+        error's message (raised in the app's own startup, it came with a traceback)."""
+        state = self.state
+
+        async def send_once_preloaded(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                try:
+                    await state.registry.preload(state.settings.preload)
+                except ShuttingDown:  # stopped while loading (`embedx serve`)
+                    pass
+                except EmbedxError as error:
+                    failed = f"a model of EMBEDX_PRELOAD did not load: {error.message}"
+                    message = {"type": "lifespan.startup.failed", "message": failed}
+            await send(message)
+
+        return send_once_preloaded
 
     def _allowed_origin(self, scope: Scope) -> bytes | None:
         """The value of `access-control-allow-origin` this request gets, if any."""
