@@ -1,7 +1,8 @@
 """The outermost ASGI layer: refuses what must not reach the app (draining, no key, a body over
 the limit), answers browsers' CORS preflights for the origins allowed, notices a client that
 hangs up (and cancels its request), counts every request, and turns anything unexpected into
-a plain 500 envelope while the traceback goes to the log."""
+a plain 500 envelope while the traceback goes to the log. At startup it loads the models to
+preload, once the app has started."""
 
 from __future__ import annotations
 
