@@ -69,8 +69,9 @@ def release() -> None:
     global _models, _young_before
     _models = max(0, _models - 1)
     gc.unfreeze()
+    if _models:
+        return
     young, *older = gc.get_threshold()
-    if not _models and _young_before is not None and young == YOUNG_OBJECTS:
+    if _young_before is not None and young == YOUNG_OBJECTS:
         gc.set_threshold(_young_before, *older)
-    if not _models:
-        _young_before = None
+    _young_before = None
