@@ -716,7 +716,8 @@ class Engine:
             5.0, log.warning, "%s: draining is taking more than 5 s", self.spec.name
         )
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            if not self._idle.is_set():  # with timeout 0, wait_for times out even then (3.11)
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
         except TimeoutError:
             log.warning("%s: in-flight work did not finish in %.0f s", self.spec.name, timeout_s)
         finally:

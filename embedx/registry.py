@@ -407,10 +407,12 @@ class ModelRegistry:
 
     def degraded(self) -> list[str]:
         """Devices quarantined by any resident model, as 'model: device (reason)', and
-        preloaded models not loaded (their reload failed)."""
+        preloaded models not loaded (their reload failed) that their entries keep loaded."""
         found = []
         for name in sorted(self._preloaded - set(self._models)):
             failed = self._failed.get(name)
+            if failed is None and self.catalog[name].keep_alive_s is not None:
+                continue  # its entry lets it idle out or be evicted: unloaded as asked
             why = failed.message if failed else "its devices failed; the next request loads it"
             found.append(f"{name}: preloaded, but not loaded ({why})")
         for resident in self._models.values():

@@ -4,6 +4,7 @@ import asyncio
 import base64
 import gc
 import json
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -454,6 +455,15 @@ async def test_requests_sharing_a_batch_each_get_the_rows_they_asked_for(
     for (normalized, b64), result in zip(forms, results, strict=True):
         vectors = decoded(result.vectors) if b64 else result.vectors
         assert np.allclose(vectors, unit if normalized else alone, atol=1e-5)
+
+
+async def test_draining_an_idle_model_at_once_warns_of_nothing(
+    make_engine: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    async with make_engine(("cpu",)) as engine:
+        with caplog.at_level(logging.WARNING, logger="embedx.engine"):
+            await engine.drain(0)  # EMBEDX_DRAIN_TIMEOUT_S=0, or a stop before the port opened
+    assert "did not finish" not in caplog.text
 
 
 async def test_a_loaded_model_leaves_the_collectors_scans_until_it_closes(
