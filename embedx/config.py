@@ -75,8 +75,9 @@ PLACEHOLDER_KEY = "change-me"  # .env.example's: a key anyone who read it knows
 
 
 def _api_key(raw: object) -> str:
-    key = str(raw)
-    if key.strip() == PLACEHOLDER_KEY:
+    # stripped, as clients' headers are: a key read from a file with its newline still works
+    key = str(raw).strip()
+    if key == PLACEHOLDER_KEY:
         raise ValueError(".env.example's placeholder; set a key of your own")
     return key
 

@@ -242,9 +242,10 @@ class ModelRegistry:
             victim = min(idle, key=lambda r: r.last_used)
             self._evict(victim, "to make room")
         keep_alive = spec.keep_alive_s
-        if keep_alive is None:
-            preloaded = spec.name in self._preloaded
-            keep_alive = FOREVER if preloaded else self.settings.default_keep_alive_s
+        if spec.name in self._preloaded and self.catalog[spec.name].keep_alive_s is None:
+            keep_alive = FOREVER  # whatever keep_alive the request that reloads it sends
+        elif keep_alive is None:
+            keep_alive = self.settings.default_keep_alive_s
         resident = Resident(spec, keep_alive)
         self._models[spec.name] = resident
         resident.task = asyncio.create_task(self._load(resident), name=f"load-{spec.name}")

@@ -159,6 +159,10 @@ def test_settings_made_by_hand_are_checked_as_loaded_ones_are(
     assert read.models_file == Path("~/m.toml").expanduser()
 
 
+def test_an_api_key_is_stripped_as_a_clients_header_is() -> None:
+    assert load_settings(environ={"EMBEDX_API_KEY": " s3cret\n"}).api_key == "s3cret"
+
+
 def test_redacted_settings_show_the_api_key_only_as_set() -> None:
     shown = load_settings(environ={"EMBEDX_API_KEY": "s3cret"}).redacted()
     assert shown["api_key"] == "set"

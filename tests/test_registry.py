@@ -279,6 +279,22 @@ async def test_preloaded_models_stay_loaded_unless_their_entry_says_otherwise(
     await models.drain(5)
 
 
+async def test_a_preloaded_model_reloaded_after_a_fault_stays_whatever_its_reloader_asks(
+    tiny_models: dict[str, Path],
+) -> None:
+    models = registry(tiny_models)
+    await models.preload(["bert-base"])
+    async with models.lease("bert-base") as engine:
+        for slot in engine.queue.devices:  # every device of it fails under this request
+            engine.queue.quarantine(slot, "failed (injected)")
+    assert models.residents() == []  # unloaded as the request left: the next one reloads it
+    async with models.lease("bert-base", LoadRequest(keep_alive_s=0)):
+        pass
+    assert [r.spec.name for r in models.residents()] == ["bert-base"], "unloaded: keep_alive 0"
+    assert models.describe()[0]["keep_alive_s"] is None  # for good, as preloaded
+    await models.drain(5)
+
+
 async def test_the_cap_holds_under_concurrent_cold_loads_and_busy_models_are_kept(
     tiny_models: dict[str, Path],
 ) -> None:

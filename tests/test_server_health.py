@@ -171,3 +171,15 @@ def test_metrics_keep_every_digit_and_escape_label_values() -> None:
     assert _number(1_234_571) == "1234571"  # six significant digits made it 1.23457e+06
     assert _number(0.25) == "0.25"
     assert _labels(model='a\\b"c\nd') == '{model="a\\\\b\\"c\\nd"}'
+
+
+async def test_a_queue_timeout_of_0_takes_a_free_slot_and_refuses_only_when_none_is() -> None:
+    from embedx.errors import QueueTimeout
+    from embedx.server.admission import Admission
+
+    admission = Admission(1, 0.0)
+    async with admission.slot():  # free: taken, whatever the timeout
+        with pytest.raises(QueueTimeout):  # none free: refused at once, not queued
+            async with admission.slot():
+                pass
+    assert admission.timeouts == 1

@@ -23,7 +23,10 @@ class Admission:
     async def slot(self) -> AsyncIterator[None]:
         self.waiting += 1
         try:
-            await asyncio.wait_for(self._slots.acquire(), self.timeout_s)
+            if self._slots.locked():
+                await asyncio.wait_for(self._slots.acquire(), self.timeout_s)
+            else:  # a free slot: taken at once, also with a timeout of 0 (wait_for's is spent)
+                await self._slots.acquire()
         except TimeoutError:
             self.timeouts += 1
             raise QueueTimeout(
