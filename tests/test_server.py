@@ -916,6 +916,24 @@ def test_sigterm_past_the_drain_timeout_fails_what_still_runs_and_exits(
         assert "failing them" in stopping.output()
 
 
+def test_a_request_whose_body_stopped_arriving_does_not_hold_the_stop(tmp_path: Path) -> None:
+    with running_server(tmp_path, drain_timeout_s=1) as stopping:
+        host, port = stopping.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as stalled:
+            stalled.sendall(
+                b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n"
+                b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"input":'
+            )  # 9 bytes of 100, and then nothing
+            time.sleep(0.5)
+            signalled = time.monotonic()
+            stopping.process.send_signal(signal.SIGTERM)
+            assert stopping.process.wait(30) == 0
+            assert time.monotonic() - signalled < 10, stopping.output()
+            answer = stalled.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"shutting_down" in answer
+
+
 def test_binding_beyond_loopback_without_a_key_warns(tmp_path: Path) -> None:
     with running_server(tmp_path, host="0.0.0.0") as exposed:
         pass

@@ -75,6 +75,9 @@ class Edge:
         )
         state.in_flight += 1
         state.idle.clear()
+        task = asyncio.current_task()
+        if task is not None:
+            state.requests.add(task)
         try:
             if origin is not None and _is_preflight(scope):  # browsers send it without a key
                 await response.preflight(scope)
@@ -87,12 +90,22 @@ class Edge:
             await self._dispatch(scope, body, receive, response)
         except ClientGone:
             response.status = CLIENT_CLOSED
+        except asyncio.CancelledError:
+            if not state.draining:
+                raise
+            # ended by a stop that waited long enough (`run._until_stopped`)
+            if not response.started:
+                await response.error(
+                    ShuttingDown("the server shut down before this request finished")
+                )
         except EmbedxError as error:
             await response.error(error)
         except Exception:
             log.exception("request %s %s failed (id %s)", method, path, request_id)
             await response.error(Bug(f"The request failed unexpectedly (request id {request_id})."))
         finally:
+            if task is not None:
+                state.requests.discard(task)
             state.in_flight -= 1
             if not state.in_flight:
                 state.idle.set()

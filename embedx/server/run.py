@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("embedx.server")
 IO_THREADS = "embedx-io"
+STRAGGLERS_S = 1.0  # after the drain, for requests failed by the unload to send their 503
 
 
 def serve(settings: Settings) -> int:
@@ -152,6 +153,12 @@ async def _until_stopped(
             "a second signal" if again.done() and not again.cancelled() else "the drain timeout",
         )
         await edge.state.registry.drain(0)
+        # What the engine did not hold (a body still arriving, say) would keep the stop
+        # waiting for its client: after a moment for the others' 503s, it ends with one too.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(edge.state.idle.wait(), STRAGGLERS_S)
+        for request in list(edge.state.requests):
+            request.cancel()
     server.stop()  # type: ignore[no-untyped-call]  # stop accepting; `lifespan` unloads
     await serving
     log.info("stopped")

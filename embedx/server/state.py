@@ -26,6 +26,8 @@ class ServerState:
     started_at: float = field(default_factory=time.time)
     draining: bool = False
     in_flight: int = 0  # HTTP requests between the edge and their response
+    # their tasks, for a stop that cannot wait for them (a body that stopped arriving)
+    requests: set[asyncio.Task[None]] = field(default_factory=set)
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while in_flight is 0
 
     def __post_init__(self) -> None:
