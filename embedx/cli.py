@@ -122,11 +122,16 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
     except EmbedxError as exc:
         print(f"embedx check: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG
+    built_in = load_catalog(None)
     for name, spec in catalog.items():  # nowhere: `serve` would stop (preloaded) or 404 it
         try:
             check_exists(spec.source, spec.revision)
         except EmbedxError as exc:
             role = "EMBEDX_PRELOAD's" if name in settings.preload else "catalog model"
+            needed = name in settings.preload or name == settings.default_model
+            if built_in.get(name) == spec and not needed:  # a built-in one nobody asked for
+                print(f"embedx check: note: built-in {role} {name!r}: {exc.message}")
+                continue
             print(f"embedx check: {role} {name!r}: {exc.message}", file=sys.stderr)
             return EXIT_CONFIG
     try:

