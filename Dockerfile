@@ -42,7 +42,7 @@ USER embedx
 EXPOSE 8477
 
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
-  CMD curl -fsS http://127.0.0.1:8477/health || exit 1
+  CMD curl -fsS "http://127.0.0.1:${EMBEDX_PORT:-8477}/health" || exit 1
 
 ENTRYPOINT ["python", "-m", "embedx"]
 CMD ["serve"]

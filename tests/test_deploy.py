@@ -38,7 +38,9 @@ def test_dockerfile_pins_its_base_runs_unprivileged_and_checks_health() -> None:
     assert user
     assert user[-1] not in ("root", "0")
     assert re.search(
-        r"^HEALTHCHECK .*\n?.*curl -fsS http://127.0.0.1:8477/health", text, flags=re.MULTILINE
+        r'^HEALTHCHECK .*\n?.*curl -fsS "http://127.0.0.1:\$\{EMBEDX_PORT:-8477\}/health"',
+        text,
+        flags=re.MULTILINE,
     )
     assert 'ENTRYPOINT ["python", "-m", "embedx"]' in text
     assert 'CMD ["serve"]' in text
@@ -57,6 +59,7 @@ def test_compose_publishes_on_loopback_with_gpus_volumes_and_a_user() -> None:
     assert all(str(p).startswith("127.0.0.1:") for p in service["ports"])
     assert service["user"].startswith("${CONTAINER_UID")
     assert service["env_file"] == ".env"
+    assert service["init"] is True  # a stop during start-up reaches embedx, not a bare PID 1
     mounts = " ".join(service["volumes"])
     assert "/var/cache/embedx/hf" in mounts
     assert "/models" in mounts
