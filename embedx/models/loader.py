@@ -144,15 +144,16 @@ class EmbeddingModel:
         self.encoder: Encoder
         if isinstance(native, bert.BertConfig):
             self.encoder = bert.BertEncoder(native, list(files.weights), device, target)
-            self.implementation = "bert"
+            self.implementation, hidden = "bert", native.hidden
         elif isinstance(native, qwen3.Qwen3Config):
             self.encoder = qwen3.Qwen3Encoder(native, list(files.weights), device, target)
-            self.implementation = "qwen3"
+            self.implementation, hidden = "qwen3", native.hidden
         else:
             from embedx.models.transformers_auto import TransformersEncoder
 
-            self.encoder = TransformersEncoder(files, device, target)
-            self.implementation = "transformers"
+            encoder = TransformersEncoder(files, device, target)
+            self.encoder = encoder
+            self.implementation, hidden = "transformers", encoder.hidden_size
         # A CLS or last token sees its whole text (a causal model's first token does not), so
         # its final state needs only its own row of the last layer.
         self.one_row_per_text = pooling is Pooling.LAST_TOKEN or (
@@ -160,7 +161,6 @@ class EmbeddingModel:
         )
         self.bucket_pooled_rows = device.type == "cuda"  # see `bucketed`
         self.dense = [self._load_dense(layer.weights, layer.activation) for layer in files.dense]
-        hidden = int(files.config.get("hidden_size") or files.config.get("d_model") or 0)
         self.dimensions = int(self.dense[-1].weight.shape[0]) if self.dense else hidden
 
     def _load_dense(self, path: object, activation: str) -> _Dense:

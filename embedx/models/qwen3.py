@@ -44,9 +44,12 @@ class Qwen3Config:
             raise NativeCodeLacks("sliding-window attention is not supported by the Qwen3 code")
         if config.get("hidden_act", "silu") != "silu":
             raise NativeCodeLacks("only the SiLU (SwiGLU) Qwen3 MLP is supported")
+        if config.get("attention_bias"):
+            raise NativeCodeLacks("attention biases are not supported by the Qwen3 code")
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        if rope.get("rope_type", "default") != "default":
-            raise NativeCodeLacks(f"rope type {rope.get('rope_type')!r} is not supported")
+        kind = rope.get("rope_type") or rope.get("type") or "default"  # `type`: older configs
+        if kind != "default":
+            raise NativeCodeLacks(f"rope type {kind!r} is not supported")
         theta = rope.get("rope_theta", config.get("rope_theta", 1_000_000.0))
         heads = config["num_attention_heads"]
         return cls(

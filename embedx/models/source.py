@@ -266,7 +266,14 @@ def inspect_directory(directory: Path, *, origin: str, revision: str | None = No
                 raise InvalidModel(
                     f"{origin}: Dense module {path.name} has no weights", param="model"
                 )
-            activation = str(dense_config.get("activation_function", "identity"))
+            if normalizes:  # embedx normalizes last, as sentence-transformers' usual order
+                raise InvalidModel(
+                    f"{origin}: modules.json normalizes before its Dense module {path.name}; "
+                    "embedx supports Normalize only as the last module",
+                    param="model",
+                )
+            # sentence-transformers' Dense defaults to Tanh where its config names none
+            activation = str(dense_config.get("activation_function", "Tanh"))
             dense.append(DenseLayer(layer_weights, activation.rsplit(".", 1)[-1]))
         elif kind == "Normalize":
             normalizes = True

@@ -44,6 +44,8 @@ class TransformersEncoder:
             )
         self.model.to(device).eval()
         self.pad_id = int(files.config.get("pad_token_id") or 0)
+        # transformers maps each architecture's own name for it (DistilBERT's `dim`)
+        self.hidden_size = int(self.model.config.hidden_size)
         self.causal = bool(getattr(self.model.config, "is_decoder", False)) or (
             files.config.get("model_type") in ("qwen2", "qwen3", "llama", "mistral", "gemma")
         )
