@@ -118,6 +118,25 @@ def test_an_uncached_hub_model_with_the_hub_unreachable_is_unverifiable(
     check_exists("embedx-tests/no-such-model")  # cannot tell: leaves the question open
 
 
+def test_a_cached_hub_model_with_only_pickle_weights_is_refused_as_such_offline(
+    minilm_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--acme--pickled"
+    commit = "a" * 40
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(minilm_dir / name, snapshot / name)
+    (snapshot / "pytorch_model.bin").write_bytes(b"a pickle")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    with pytest.raises(PickleOnlyWeights):  # not "not in the cache" (404)
+        resolve("acme/pickled")
+
+
 def test_a_name_that_is_neither_path_nor_repo_id_is_not_found(minilm_dir: Path) -> None:
     for look_up in (resolve, check_exists):
         with pytest.raises(ModelNotFound):

@@ -140,7 +140,12 @@ def _hub_snapshot(repo_id: str, revision: str | None) -> tuple[Path, str | None]
     cached = _cached_snapshot(repo_id, revision)
     if cached is not None and any(cached.rglob("*.safetensors")):
         return cached, cached.name
-    info = _hub_info(repo_id, revision)
+    try:
+        info = _hub_info(repo_id, revision)
+    except (ModelNotFound, UnverifiableWeights):
+        if cached is None:
+            raise
+        return cached, cached.name  # offline: the cache's files, checked as a directory's
     names = [s.rfilename for s in info.siblings or []]
     if not any(n.endswith(".safetensors") for n in names):
         if any(n.endswith(PICKLE_SUFFIXES) for n in names):
