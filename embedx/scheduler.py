@@ -91,6 +91,12 @@ class SpeedModel:
             return
         d = self.DECAY
         expected = self.seconds(tokens)
+        if self.samples >= 3:
+            # One batch far off the fit (a pause, a kernel's first run) counts as a few times
+            # off, no more: else the device looks so slow it is not given the batches that
+            # would correct the fit. A device that really slowed down still gets there, a few
+            # times slower a batch.
+            seconds = min(seconds, OUTLIER_FACTOR * expected)
         self.spread = d * self.spread + (1 - d) * abs(seconds - expected) / expected
         self._sw = d * self._sw + 1.0
         self._sx = d * self._sx + tokens
@@ -111,6 +117,9 @@ class SpeedModel:
         fixed = min(self.fixed, 0.5 * mean_y)
         self.fixed = fixed
         self.rate = mean_x / (mean_y - fixed)
+
+
+OUTLIER_FACTOR = 3.0  # the most a batch's time counts against the fit's expectation
 
 
 class DeviceState(enum.Enum):

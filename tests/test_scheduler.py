@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from embedx.batching import End, Item, Job
 from embedx.errors import EmbeddingFailed, NoDeviceAvailable
-from embedx.scheduler import ConvergingQueue, SpeedModel
+from embedx.scheduler import Claim, ConvergingQueue, SpeedModel
 from embedx.simulation import (
     Arrival,
     FakeDevice,
@@ -197,6 +197,43 @@ def test_a_device_whose_batches_stray_takes_less_at_the_end() -> None:
         assert claim is not None
         claimed[spread] = claim.tokens
     assert claimed[0.2] < 0.9 * claimed[0.0]
+
+
+def test_one_batch_far_slower_than_its_device_does_not_keep_that_device_idle() -> None:
+    """A pause (a kernel's first run, a collection) makes one batch 50 times as slow. Counted
+    in full, the device looked so slow that it was never again given the batches that would
+    correct its fit: under light load its twin did everything."""
+    rate, fixed, budget = 1e6, 0.002, 8192
+
+    def true_s(tokens: int) -> float:
+        return fixed + tokens / rate
+
+    now = 0.0
+    queue = ConvergingQueue(clock=lambda: now)
+    probe = [(t, true_s(t)) for t in (64, budget, 64, budget)]
+    twins = [queue.add_device(name, budget=budget, rate=rate, fixed_s=fixed, max_inflight=1,
+                              probe=probe) for name in ("d0", "d1")]  # fmt: skip
+    for _ in range(3):  # a few batches as expected, then the pause
+        twins[1].speed.observe(2000, true_s(2000))
+    twins[1].speed.observe(2000, 50 * true_s(2000))
+    rng = random.Random(0)
+    batches = {"d0": 0, "d1": 0}
+    for request in range(100):  # light load: one request of about 1.3 budgets at a time
+        now = max(now, request * 0.1)
+        job = job_of(queue, [rng.randint(20, 300) for _ in range(80)])
+        running: list[tuple[float, Claim]] = []
+        free = dict.fromkeys(batches, now)
+        while job.finished_at is None:
+            for device in rng.sample(twins, 2):  # whichever worker wakes first
+                while (claim := queue.claim(device)) is not None:
+                    batches[device.name] += 1
+                    free[device.name] = max(now, free[device.name]) + true_s(claim.tokens)
+                    running.append((free[device.name], claim))
+            running.sort(key=lambda done: done[0])
+            finished_at, done = running.pop(0)
+            now = max(now, finished_at)
+            queue.complete(done, true_s(done.tokens))
+    assert batches["d1"] > 0.3 * sum(batches.values()), batches
 
 
 # -- faults ------------------------------------------------------------------------------
