@@ -120,6 +120,9 @@ class SpeedModel:
 
 
 OUTLIER_FACTOR = 3.0  # the most a batch's time counts against the fit's expectation
+# Batches a device finishes at a budget halved by running out of memory before it doubles
+# again (up to the one it was given): another model loading beside it, say, has passed.
+REGROW_AFTER = 32
 
 
 class DeviceState(enum.Enum):
@@ -151,6 +154,11 @@ class DeviceSlot:
     # of its torch calls, so this share of the loop's time shows how contended the host is.
     launching_s: float = 0.0
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    full_budget: int = 0  # the budget it was given; out of memory halves `budget` for a while
+    clean_batches: int = 0  # finished since `budget` last changed, while below `full_budget`
+
+    def __post_init__(self) -> None:
+        self.full_budget = self.full_budget or self.budget
 
     @property
     def active(self) -> bool:
@@ -517,6 +525,11 @@ class ConvergingQueue:
         device.outcomes.append(True)
         device.tokens_done += claim.tokens
         device.batches_done += 1
+        if device.budget < device.full_budget:  # memory short once may have been a moment's
+            device.clean_batches += 1
+            if device.clean_batches >= REGROW_AFTER:
+                device.budget = min(device.full_budget, 2 * device.budget)
+                device.clean_batches = 0
         device.busy_s += elapsed
         device.last_done_at = now
         finished: list[Job] = []
@@ -539,7 +552,8 @@ class ConvergingQueue:
             return
         now = self.clock()
         if out_of_memory:
-            device.budget = max(1, min(device.budget, claim.area) // 2)
+            device.budget = max(1, device.budget // 2)
+            device.clean_batches = 0
         else:
             device.outcomes.append(False)
         retry: list[Item] = []

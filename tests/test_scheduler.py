@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from embedx.batching import End, Item, Job
 from embedx.errors import EmbeddingFailed, NoDeviceAvailable
-from embedx.scheduler import Claim, ConvergingQueue, SpeedModel
+from embedx.scheduler import REGROW_AFTER, Claim, ConvergingQueue, SpeedModel
 from embedx.simulation import (
     Arrival,
     FakeDevice,
@@ -256,6 +256,21 @@ def test_oom_halves_budget_and_requeues_both_halves() -> None:
         queue.complete(claim)
     assert sorted(i.index for i in taken) == list(range(10))
     assert job.remaining == 0
+    # once enough batches have run at half, the budget it was given comes back
+    job_of(queue, [100] * 5 * REGROW_AFTER)  # REGROW_AFTER batches of 5 at the halved 500
+    while (claim := queue.claim(device)) is not None:
+        queue.complete(claim)
+    assert device.budget == 1000
+
+
+def test_oom_on_a_small_batch_halves_the_budget_not_the_batch() -> None:
+    queue = ConvergingQueue(clock=Clock())
+    device = queue.add_device("d", budget=16384, rate=1e6)
+    job_of(queue, [300])
+    claim = queue.claim(device)
+    assert claim is not None
+    queue.fail(claim, MemoryError("injected"), out_of_memory=True)  # another model loading
+    assert device.budget == 8192  # was 150: a 128,000-token job then took 1,000 batches
 
 
 def test_a_device_that_keeps_failing_is_quarantined_and_its_work_goes_to_the_others() -> None:
