@@ -386,7 +386,11 @@ class ConvergingQueue:
             # A small first batch from the short end measures a device whose speed is only
             # a guess; counting its fixed cost as rate errs on the slow, safe side.
             return max(1, budget // 16)
-        others = [d for d in self.active_devices() if d is not device]
+        # not a host device that sits out: counting on it to drain the rest would cut this
+        # device's last batches small for nothing
+        others = [
+            d for d in self.active_devices() if d is not device and not self._host_sits_out(d)
+        ]
         if not others:
             return budget
         now = self.clock()
@@ -663,13 +667,18 @@ class ConvergingQueue:
         So it waits while texts are being tokenized, and sits out entirely when its best share
         of the work is below MIN_HOST_SHARE: its batches would cost the accelerators more (cores,
         and the interpreter lock its forward holds) than it adds."""
-        accelerators = [d for d in self.devices if d.active and not d.shares_host]
-        if not accelerators:
+        if not any(d.active and not d.shares_host for d in self.devices):
             return False
-        if self.feeding:
-            return True
+        return bool(self.feeding) or self._host_sits_out(device)
+
+    def _host_sits_out(self, device: DeviceSlot) -> bool:
+        """Whether a device on the host's CPU leaves all the work to the accelerators: its
+        best share of it is below MIN_HOST_SHARE (see `_host_better_left_to_feeding`)."""
+        if not device.shares_host:
+            return False
+        accelerators = [d for d in self.devices if d.active and not d.shares_host]
         total = device.speed.rate + sum(d.speed.rate for d in accelerators)
-        return device.speed.rate < MIN_HOST_SHARE * total
+        return bool(accelerators) and device.speed.rate < MIN_HOST_SHARE * total
 
     def _better_left_to_faster(self, device: DeviceSlot) -> bool:
         """Whether, while texts are still arriving, a device should leave what is queued to

@@ -236,6 +236,44 @@ def test_one_batch_far_slower_than_its_device_does_not_keep_that_device_idle() -
     assert batches["d1"] > 0.3 * sum(batches.values()), batches
 
 
+def test_a_host_cpu_that_sits_out_changes_nothing_for_the_gpu() -> None:
+    """The host's CPU sits out when its share would be under MIN_HOST_SHARE; the GPU's end
+    game counted on it all the same, and cut its last batches small (2.7% slower)."""
+
+    def run(with_cpu: bool) -> tuple[float, list[int]]:
+        now = 0.0
+        queue = ConvergingQueue(clock=lambda: now)
+        specs = {"gpu": (1e6, 0.002, 16384, 2, False)}
+        if with_cpu:
+            specs["cpu"] = (15000.0, 0.01, 4096, 1, True)
+        slots = {}
+        for name, (rate, fixed, budget, inflight, host) in specs.items():
+            points = [(t, fixed + t / rate) for t in (64, budget, 64, budget)]
+            slots[name] = queue.add_device(name, budget=budget, rate=rate, fixed_s=fixed,
+                                           max_inflight=inflight, probe=points,
+                                           shares_host=host)  # fmt: skip
+        job = job_of(queue, lognormal_lengths(3000, seed=1))
+        running: list[tuple[float, Claim]] = []
+        free = dict.fromkeys(slots, 0.0)
+        sizes: list[int] = []
+        while job.finished_at is None:
+            for name, slot in slots.items():
+                while (claim := queue.claim(slot)) is not None:
+                    rate, fixed = specs[name][:2]
+                    free[name] = max(now, free[name]) + fixed + claim.tokens / rate
+                    running.append((free[name], claim))
+                    sizes.append(claim.tokens)
+            running.sort(key=lambda done: done[0])
+            finished_at, done = running.pop(0)
+            now = max(now, finished_at)
+            rate, fixed = specs[done.device.name][:2]
+            queue.complete(done, fixed + done.tokens / rate)
+        return job.finished_at, sizes
+
+    alone, with_cpu = run(False), run(True)
+    assert with_cpu == alone
+
+
 # -- faults ------------------------------------------------------------------------------
 
 
