@@ -694,7 +694,8 @@ class ConvergingQueue:
         if not self.feeding:
             return False
         ranked = self.ranked()  # `claim` asks only for active devices: this one is there
-        faster = ranked[: ranked.index(device)]
+        # not a host device: it waits while texts are fed (`_host_better_left_to_feeding`)
+        faster = [d for d in ranked[: ranked.index(device)] if not d.shares_host]
         if not faster:
             return False
         now = self.clock()

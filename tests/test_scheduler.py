@@ -274,6 +274,21 @@ def test_a_host_cpu_that_sits_out_changes_nothing_for_the_gpu() -> None:
     assert with_cpu == alone
 
 
+def test_while_texts_are_fed_a_gpu_does_not_wait_for_a_faster_host_cpu_that_waits_too() -> None:
+    # a GPU slowed by a co-tenant can measure slower than the host's CPU, which waits while
+    # the texts are tokenized: the GPU deferred to it, and nobody claimed
+    queue = ConvergingQueue(clock=Clock())
+    gpu = queue.add_device("gpu", budget=8192, rate=1e5, fixed_s=0.002, max_inflight=2,
+                           probe=[(t, 0.002 + t / 1e5) for t in (64, 8192, 64, 8192)])  # fmt: skip
+    cpu = queue.add_device("cpu", budget=4096, rate=3e5, fixed_s=0.002, shares_host=True,
+                           probe=[(t, 0.002 + t / 3e5) for t in (64, 4096, 64, 4096)])  # fmt: skip
+    job = Job(10_000)
+    queue.feeding_started(job)
+    queue.submit(job, [Item(job, i, 100) for i in range(40)])  # the first chunk
+    assert queue.claim(cpu) is None  # the host tokenizes
+    assert queue.claim(gpu) is not None
+
+
 # -- faults ------------------------------------------------------------------------------
 
 
