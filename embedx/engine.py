@@ -424,6 +424,13 @@ class Engine:
                 spec.pooling.value,
                 files.st_pooling,
             )
+        if not files.st_pools_prompt and (spec.prompts or options.wrapping):
+            log.warning(
+                "model %r's sentence-transformers Pooling module leaves a prompt's tokens out "
+                "of the mean (include_prompt false); embedx pools the whole wrapped text, so "
+                "its vectors of prompted texts differ a little from sentence-transformers'",
+                spec.name,
+            )
         length = min(spec.max_seq_len or files.st_max_seq_len or limit, limit)
         tokenizer = await asyncio.to_thread(TextTokenizer, files, length)
         engine = cls(spec, files, tokenizer, spec.pooling, options)

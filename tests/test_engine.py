@@ -5,6 +5,7 @@ import base64
 import gc
 import json
 import logging
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -375,6 +376,22 @@ async def test_a_template_wraps_every_input(
         ours = (await engine.embed(["what is a fox?"])).vectors
     expected = sentence_transformer.encode(["query: what is a fox?"])
     assert np.abs(ours - expected).max() < 1e-5
+
+
+async def test_a_model_that_pools_without_its_prompt_is_said_to_differ_when_wrapped(
+    make_engine: Callable[..., Any],
+    minilm_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    directory = tmp_path / "no-prompt-pooling"
+    shutil.copytree(minilm_dir, directory)
+    pooling = directory / "1_Pooling" / "config.json"
+    pooling.write_text(json.dumps({**json.loads(pooling.read_text()), "include_prompt": False}))
+    with caplog.at_level(logging.WARNING, logger="embedx.engine"):
+        async with make_engine(("cpu",), model_dir=directory, wrapping="query: {text}"):
+            pass
+    assert "leaves a prompt's tokens out of the mean" in caplog.text
 
 
 def test_engine_module_has_no_http(tmp_path: Path) -> None:

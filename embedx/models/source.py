@@ -51,6 +51,8 @@ class ModelFiles:
     normalizes: bool = False  # has a sentence-transformers Normalize module
     st_max_seq_len: int | None = None  # sentence_bert_config.json's max_seq_length
     st_pooling: str | None = None  # what its sentence-transformers Pooling module states
+    # False where that module leaves a prompt's tokens out of the mean (`include_prompt`)
+    st_pools_prompt: bool = True
     origin: str = ""
 
 
@@ -256,6 +258,7 @@ def inspect_directory(directory: Path, *, origin: str, revision: str | None = No
     dense: list[DenseLayer] = []
     normalizes = False
     st_pooling: str | None = None
+    pools_prompt = True
     modules_path = directory / "modules.json"
     for module in _read_json(modules_path) if modules_path.is_file() else []:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
@@ -283,7 +286,9 @@ def inspect_directory(directory: Path, *, origin: str, revision: str | None = No
         elif kind == "Normalize":
             normalizes = True
         elif kind == "Pooling" and (path / "config.json").is_file():
-            st_pooling = _st_pooling(_read_json(path / "config.json"))
+            pooling_config = _read_json(path / "config.json")
+            st_pooling = _st_pooling(pooling_config)
+            pools_prompt = bool(pooling_config.get("include_prompt", True))
         elif kind not in ("Transformer", "Pooling", ""):
             raise InvalidModel(
                 f"{origin}: sentence-transformers module {kind} is not supported", param="model"
@@ -299,6 +304,7 @@ def inspect_directory(directory: Path, *, origin: str, revision: str | None = No
         normalizes=normalizes,
         st_max_seq_len=int(st_max) if st_max else None,
         st_pooling=st_pooling,
+        st_pools_prompt=pools_prompt,
         origin=origin,
     )
 
