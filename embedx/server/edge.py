@@ -73,11 +73,10 @@ class Edge:
         response = _Response(
             send, request_id.encode(), _cors_headers(origin), head=method == "HEAD"
         )
-        state.in_flight += 1
+        request = asyncio.current_task()
+        assert request is not None, "an ASGI server calls its app in a task"
+        state.requests.add(request)
         state.idle.clear()
-        task = asyncio.current_task()
-        if task is not None:
-            state.requests.add(task)
         try:
             if origin is not None and _is_preflight(scope):  # browsers send it without a key
                 await response.preflight(scope)
@@ -104,10 +103,8 @@ class Edge:
             log.exception("request %s %s failed (id %s)", method, path, request_id)
             await response.error(Bug(f"The request failed unexpectedly (request id {request_id})."))
         finally:
-            if task is not None:
-                state.requests.discard(task)
-            state.in_flight -= 1
-            if not state.in_flight:
+            state.requests.discard(request)
+            if not state.requests:
                 state.idle.set()
             route = path if path in self.paths else route_of(path, self.paths) or "other"
             seconds = time.perf_counter() - started

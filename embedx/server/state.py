@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from embedx.server.admission import Admission
 from embedx.server.metrics import HttpMetrics
@@ -25,10 +25,14 @@ class ServerState:
     http: HttpMetrics = field(default_factory=HttpMetrics)
     started_at: float = field(default_factory=time.time)
     draining: bool = False
-    in_flight: int = 0  # HTTP requests between the edge and their response
-    # their tasks, for a stop that cannot wait for them (a body that stopped arriving)
-    requests: set[asyncio.Task[None]] = field(default_factory=set)
-    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while in_flight is 0
+    # the tasks of HTTP requests between the edge and their response: counted, and ended
+    # by a stop that cannot wait for them (a body that stopped arriving)
+    requests: set[asyncio.Task[Any]] = field(default_factory=set)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while none is in flight
 
     def __post_init__(self) -> None:
         self.idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.requests)
