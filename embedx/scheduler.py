@@ -667,9 +667,9 @@ class ConvergingQueue:
         So it waits while texts are being tokenized, and sits out entirely when its best share
         of the work is below MIN_HOST_SHARE: its batches would cost the accelerators more (cores,
         and the interpreter lock its forward holds) than it adds."""
-        if not any(d.active and not d.shares_host for d in self.devices):
-            return False
-        return bool(self.feeding) or self._host_sits_out(device)
+        if self.feeding:
+            return any(d.active and not d.shares_host for d in self.devices)
+        return self._host_sits_out(device)
 
     def _host_sits_out(self, device: DeviceSlot) -> bool:
         """Whether a device on the host's CPU leaves all the work to the accelerators: its
