@@ -31,6 +31,11 @@ class EmbedxError(Exception):
         return {}
 
 
+# The OpenAI SDK retries a 409 and any 5xx, twice by default with backoff, unless the response
+# says no retry will help.
+NO_RETRY = {"x-should-retry": "false"}
+
+
 class ConfigError(EmbedxError):
     """A setting has a bad value; raised at start-up, before anything is served."""
 
@@ -146,6 +151,9 @@ class PoolingConflict(EmbedxError):
     type = "invalid_request_error"
     code = "pooling_conflict"
 
+    def headers(self) -> dict[str, str]:
+        return {**NO_RETRY}  # the model stays loaded with its pooling until it is evicted
+
 
 class PayloadTooLarge(EmbedxError):
     status = 413
@@ -196,10 +204,10 @@ class ModelsBusy(Unavailable):
 
     def __init__(self, message: str, *, param: str | None = None, retry: bool = True) -> None:
         super().__init__(message, param=param)
-        self.retry = retry  # False: no retry will help, so no Retry-After for clients to obey
+        self.retry = retry  # False: no retry will help
 
     def headers(self) -> dict[str, str]:
-        return super().headers() if self.retry else {}
+        return super().headers() if self.retry else {**NO_RETRY}
 
 
 class UnverifiableWeights(Unavailable):
