@@ -399,8 +399,8 @@ def test_token_ids_are_refused_with_the_langchain_setting_that_sends_them(server
 def test_a_pooling_conflict_is_a_409_the_sdk_does_not_retry(server: Server) -> None:
     body = {"model": MINILM_NAME, "input": "x", "pooling": "cls"}
     assert_envelope(post(server, "/v1/embeddings", json=body), 409, "pooling_conflict")
-    sent: list[httpx.Request] = []
-    counted = httpx.Client(event_hooks={"request": [sent.append]})
+    sent: list[object] = []
+    counted = openai.DefaultHttpxClient(event_hooks={"request": [sent.append]})
     sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", http_client=counted)
     with pytest.raises(openai.ConflictError):  # the SDK retries a 409 twice unless told not to
         sdk.embeddings.create(model=MINILM_NAME, input="x", extra_body={"pooling": "cls"})
