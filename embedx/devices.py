@@ -355,7 +355,10 @@ class CpuAccelerator:
         assert isinstance(launch, ThreadLaunch)
         remaining = launch.launched_at + deadline_s - time.monotonic()
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(launch.future), max(0.0, remaining))
+            # not wait_for: on 3.11 it drops a cancellation that arrives as the batch finishes,
+            # and the worker that closing cancelled would live on
+            async with asyncio.timeout(max(0.0, remaining)):
+                return await asyncio.wrap_future(launch.future)
         except TimeoutError:
             raise DeviceHung(f"{self.info.label}: a batch ran past {deadline_s:.1f} s") from None
 

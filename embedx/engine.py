@@ -465,6 +465,9 @@ class Engine:
         if needed > free:
             self.skipped[info.label] = f"needs {needed >> 20} MiB, {free >> 20} MiB free"
             return
+        # Out of memory skips the device; its cache is emptied only once the error is gone:
+        # inside `except`, the traceback still holds the frames with the weights and batches.
+        model: EmbeddingModel | None = None
         try:
             model = await asyncio.to_thread(
                 EmbeddingModel,
@@ -477,21 +480,23 @@ class Engine:
         except Exception as exc:
             if not accelerator.is_out_of_memory(exc):
                 raise _unbuildable(self.spec.name, exc) from exc
-            self.skipped[info.label] = "out of memory while loading the weights"
-            accelerator.release_cached_memory()
+        if model is None:
+            self._skip(accelerator, "out of memory while loading the weights")
             return
         replica = Replica(accelerator, model)
+        fits = False
         try:
             budget, probe, launch_s = await self._probe(replica)
             for staging in replica.staging:  # pinned memory for the largest batch, no more
                 width = base64_rows.width(model.dimensions)
                 staging.reserve(budget, self._most_texts(budget), width)
+            fits = True
         except Exception as exc:
             if not accelerator.is_out_of_memory(exc):
                 raise _unbuildable(self.spec.name, exc) from exc
-            self.skipped[info.label] = "out of memory running a probe batch beside the weights"
+        if not fits:
             del replica, model  # before the cache is emptied: their memory goes with it
-            accelerator.release_cached_memory()
+            self._skip(accelerator, "out of memory running a probe batch beside the weights")
             return
         self.replicas.append(replica)
         self.dimensions = model.dimensions
@@ -515,6 +520,10 @@ class Engine:
             slot.speed.rate,
             slot.speed.fixed * 1000,
         )
+
+    def _skip(self, accelerator: Accelerator, reason: str) -> None:
+        self.skipped[accelerator.info.label] = reason
+        accelerator.release_cached_memory()
 
     def _most_texts(self, budget: int) -> int:
         """The most texts a batch of `budget` tokens can hold: max_batch_texts, and half the
@@ -608,6 +617,9 @@ class Engine:
             result = await self.embed([SMOKE_TEXT], EmbedOptions(normalize=False))
         except Exception as exc:
             raise SmokeTestFailed(f"model {self.spec.name!r} failed its smoke test: {exc}") from exc
+        finally:  # no one's request: what /info and /metrics count starts after it
+            self.requests = 0
+            self.latency = Histogram(LATENCY_BUCKETS_S)
         vector = result.vectors[0]
         if not np.isfinite(vector).all() or not np.any(vector):
             raise SmokeTestFailed(
@@ -723,8 +735,8 @@ class Engine:
             5.0, log.warning, "%s: draining is taking more than 5 s", self.spec.name
         )
         try:
-            if not self._idle.is_set():  # with timeout 0, wait_for times out even then (3.11)
-                await asyncio.wait_for(self._idle.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: see CpuAccelerator.result
+                await self._idle.wait()  # returns at once when idle, even at timeout 0
         except TimeoutError:
             log.warning("%s: in-flight work did not finish in %.0f s", self.spec.name, timeout_s)
         finally:

@@ -313,7 +313,8 @@ class ConvergingQueue:
         return total
 
     def cancel(self, job: Job) -> None:
-        """Drop a job's pending items (they are skipped when a claim reaches them)."""
+        """Drop a job's pending items: skipped when a claim reaches them, or all let go at once
+        when no live item is left (no claim would reach them then)."""
         if job.cancelled:
             return
         job.cancelled = True
@@ -324,6 +325,8 @@ class ConvergingQueue:
         self.pending_items -= job.pending_items
         self.pending_tokens -= job.pending_tokens
         job.pending_items = job.pending_tokens = 0
+        if self.pending_items == 0:  # what the buckets hold is dead, with its token ids
+            self._generations.clear()
 
     # -- claiming ------------------------------------------------------------------------
 

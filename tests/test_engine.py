@@ -7,6 +7,7 @@ import json
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,91 @@ async def test_a_cancelled_request_frees_its_items(
         assert engine.queue.pending_tokens == 0
         again = await engine.embed(reference_texts[:3])
     assert again.vectors.shape == (3, 384)
+
+
+async def test_a_cancelled_requests_items_and_token_ids_leave_the_queue(
+    make_engine: Callable[..., Any], reference_texts: list[str]
+) -> None:
+    async with make_engine(("cpu",), max_batch_tokens=256) as engine:
+        wrap(engine, "cpu", rate=5_000)  # most texts still queued when the request leaves
+        task = asyncio.create_task(engine.embed(reference_texts * 4))
+        while engine.queue.pending_items < 1000:  # noqa: ASYNC110 (polls the queue)
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(0.3)  # the device is idle again: no claim sweeps the buckets
+        assert engine.queue.pending_items == 0
+        assert not list(engine.queue._pending_items())  # nor keeps their ids for keep_alive
+
+
+async def test_closing_as_a_batch_finishes_ends_the_workers(
+    make_engine: Callable[..., Any],
+) -> None:
+    async with make_engine(("cpu",), smoke_test=False) as engine:
+        loop = asyncio.get_running_loop()
+        replica = engine.replicas[0]
+        forward = replica.model.forward
+        closing: list[asyncio.Future[None]] = []
+
+        def forward_then_close(batch: Any) -> Any:
+            out = forward(batch)
+            if not closing:
+                closing.append(loop.create_future())
+                # the loop busy a moment while the batch finishes and a close is asked for:
+                # both run in one turn, the batch's result landing on a cancelled worker
+                loop.call_soon_threadsafe(time.sleep, 0.3)
+                time.sleep(0.05)
+                loop.call_soon_threadsafe(
+                    lambda: closing.append(asyncio.ensure_future(engine.close()))
+                )
+            return out
+
+        replica.model.forward = forward_then_close
+        embedding = asyncio.ensure_future(engine.embed(["one text"]))
+        while len(closing) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        await asyncio.gather(embedding, return_exceptions=True)
+        await asyncio.wait_for(closing[1], 10)  # 3.11's wait_for kept the worker: for ever
+        assert all(task.done() for task in engine._tasks)
+
+
+async def test_a_device_out_of_memory_empties_its_cache_once_its_replica_is_gone(
+    make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import weakref
+
+    from embedx.devices import CpuAccelerator
+
+    probe = Engine._probe
+    models: list[weakref.ref[Any]] = []
+    alive_when_emptied: list[bool] = []
+
+    async def out_of_memory_on_short(self: Engine, replica: Any) -> Any:
+        if replica.accelerator.info.key != "short":
+            return await probe(self, replica)
+        models.append(weakref.ref(replica.model))
+        await asyncio.sleep(0.01)
+        raise oom("CUDA out of memory (injected, in a probe batch)")
+
+    def emptied(self: CpuAccelerator) -> None:  # where CudaAccelerator empties its cache
+        alive_when_emptied.append(models[-1]() is not None)
+
+    monkeypatch.setattr(Engine, "_probe", out_of_memory_on_short)
+    monkeypatch.setattr(CpuAccelerator, "release_cached_memory", emptied)
+    async with make_engine(("good", "short"), smoke_test=False) as engine:
+        assert "short" in str(engine.skipped)
+        # the error's traceback held the replica until its `except` ended
+        assert alive_when_emptied == [False]
+
+
+async def test_the_smoke_test_is_not_counted_as_a_request(
+    make_engine: Callable[..., Any],
+) -> None:
+    async with make_engine(("cpu",)) as engine:
+        assert engine.describe()["requests"] == 0
+        await engine.embed(["one"])
+        assert engine.describe()["requests"] == 1
+        assert engine.latency.count == 1
 
 
 async def test_oom_on_a_batch_splits_it_and_the_request_succeeds(

@@ -3,6 +3,7 @@ CPU devices, one of which fails every batch."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
@@ -183,3 +184,30 @@ async def test_a_queue_timeout_of_0_takes_a_free_slot_and_refuses_only_when_none
             async with admission.slot():
                 pass
     assert admission.timeouts == 1
+
+
+async def test_a_request_cancelled_as_its_slot_frees_does_not_run() -> None:
+    from embedx.server.admission import Admission
+
+    admission = Admission(1, 30.0)
+    entered: list[str] = []
+    first_done = asyncio.Event()
+
+    async def request(name: str, hold: asyncio.Event | None) -> None:
+        async with admission.slot():
+            entered.append(name)
+            await (hold.wait() if hold is not None else asyncio.sleep(0.2))
+
+    first = asyncio.create_task(request("first", first_done))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(request("second, its client gone", None))
+    await asyncio.sleep(0.01)
+    assert admission.waiting == 1
+    first_done.set()
+    await asyncio.sleep(0)  # `first` leaves its slot, which the semaphore hands to `second`...
+    second.cancel()  # ...whose client hangs up in the same turn (3.11's wait_for ran it anyway)
+    await asyncio.gather(first, second, return_exceptions=True)
+    assert entered == ["first"]
+    assert admission.running == 0
+    async with admission.slot():  # the slot is free again
+        pass

@@ -23,10 +23,10 @@ class Admission:
     async def slot(self) -> AsyncIterator[None]:
         self.waiting += 1
         try:
-            if self._slots.locked():
-                await asyncio.wait_for(self._slots.acquire(), self.timeout_s)
-            else:  # a free slot: taken at once, also with a timeout of 0 (wait_for's is spent)
-                await self._slots.acquire()
+            # not wait_for: on 3.11 it can return the slot to a request cancelled meanwhile
+            # (its client gone), which then runs anyway
+            async with asyncio.timeout(self.timeout_s):
+                await self._slots.acquire()  # a free slot is taken at once, even at timeout 0
         except TimeoutError:
             self.timeouts += 1
             raise QueueTimeout(

@@ -156,7 +156,8 @@ async def _until_stopped(
         # What the engine did not hold (a body still arriving, say) would keep the stop
         # waiting for its client: after a moment for the others' 503s, it ends with one too.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(edge.state.idle.wait(), STRAGGLERS_S)
+            async with asyncio.timeout(STRAGGLERS_S):
+                await edge.state.idle.wait()
         for request in list(edge.state.requests):
             request.cancel()
     server.stop()  # type: ignore[no-untyped-call]  # stop accepting; `lifespan` unloads
