@@ -230,6 +230,11 @@ def test_tei_clients_that_name_no_model_get_the_preloaded_one(
     for url in (f"{server.url}/embed", server.url):  # TEI serves its task at / too
         tei = InferenceClient(model=url)
         assert np.array_equal(tei.feature_extraction(reference_texts[0])[0], alone)
+    for ignored in ({"model": ""}, {"options": {"wait_for_model": True}}, {"parameters": {}}):
+        # a blank model, and the Inference API's fields older clients send, as TEI takes them
+        response = post(server, "/embed", json={"inputs": reference_texts[0], **ignored})
+        assert response.status_code == 200, response.text
+        assert np.array_equal(np.array(response.json()[0], np.float32), alone)
     error = assert_envelope(
         post(server, "/embed", json={"inputs": "x", "prompt_name": "q"}), 400, "invalid_option"
     )
@@ -514,6 +519,7 @@ def test_unknown_route_is_a_404_and_wrong_method_a_405(server: Server) -> None:
     response = post(server, "/health", json={})
     assert_envelope(response, 405, "method_not_allowed")
     assert response.headers["allow"] == "GET, HEAD"
+    assert httpx.get(server.url + "/").json()["status"] == "ok"  # TEI's health check there too
 
 
 def test_a_path_with_escaped_spaces_or_bytes_is_a_404_not_a_500(server: Server) -> None:
@@ -669,7 +675,7 @@ def test_a_tei_request_naming_no_model_on_a_server_with_no_default_says_how_to_s
         with pytest.raises(InvalidOption, match="EMBEDX_DEFAULT_MODEL") as caught:
             parse_tei(body, 10, None)
         assert caught.value.param == "model"
-    assert parse_tei(b'{"inputs": "x"}', 10, "m").model == "m"
+        assert parse_tei(body, 10, "m").model == "m"
     with pytest.raises(InvalidOption, match=r"is required: the name of the model to embed with$"):
         parse_openai(b'{"input": "x"}', 10)  # OpenAI's clients always send one: no hint
 

@@ -28,6 +28,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/embed", embeddings.embed_tei),
     ("POST", "/", embeddings.embed_tei),  # TEI's route too: clients given the bare URL post here
     ("GET", "/health", admin.health),
+    ("GET", "/", admin.health),  # TEI's health check there too (with the key, if one is set)
     ("GET", "/info", admin.info),
     ("GET", "/metrics", admin.metrics),
     ("GET", "/openapi.json", admin.openapi_json),

@@ -195,7 +195,8 @@ def openapi_spec() -> dict[str, Any]:
                 errors=embedding_errors)},
             "/": {"post": _operation(
                 "As /embed: TEI serves its model's task here", _VECTORS, request=_TEI_REQUEST,
-                errors=embedding_errors)},
+                errors=embedding_errors),
+                  "get": _operation("As /health, as in TEI", _HEALTH, errors=(503,))},
             "/health": {"get": {**_operation("ok, degraded (a device quarantined) or draining",
                                              _HEALTH, errors=(503,)), "security": []}},
             "/info": {"get": _operation(

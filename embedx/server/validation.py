@@ -23,6 +23,7 @@ from embedx.registry import LoadRequest
 
 OPENAI_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "input_type",
                  "pooling", "dtype", "max_seq_len", "keep_alive"}  # fmt: skip
+# What /embed reads; it ignores the rest, as TEI does (`parse_tei`).
 TEI_FIELDS = {"model", "inputs", "normalize", "truncate", "dimensions", "input_type",
               "truncation_direction", "prompt_name", "pooling", "dtype", "max_seq_len",
               "keep_alive"}  # fmt: skip
@@ -81,7 +82,7 @@ def _model(data: dict[str, Any], default: str | None, *, defaultable: bool) -> s
     """The request's model, or (where the route has one, `defaultable`) the server's
     default for requests that name none."""
     model = data.get("model")
-    if model is None and default is not None:
+    if model in (None, "") and default is not None:  # TEI's clients may send it blank
         return default
     if model is not None and not isinstance(model, str):
         raise InvalidOption(f"`model` must be a string, not {_json_type(model)}", param="model")
@@ -223,9 +224,10 @@ def parse_openai(body: bytes, max_items: int) -> EmbedRequest:
 def parse_tei(body: bytes, max_items: int, default_model: str | None) -> EmbedRequest:
     """POST /embed, as text-embeddings-inference defines it: a request without `model`
     (TEI serves one model, so its clients send none) goes to `default_model`, and
-    `prompt_name` picks a catalog prompt as `input_type` does."""
+    `prompt_name` picks a catalog prompt as `input_type` does. Other fields are ignored, as
+    TEI ignores them: the Inference API's `options` and `parameters`, which older clients
+    send."""
     data = _object(body)
-    _unknown(data, TEI_FIELDS)
     if data.get("truncation_direction") not in (None, "right", "Right"):  # null: TEI's default
         raise InvalidOption("only right truncation is supported", param="truncation_direction")
     prompt = _choice(data, "prompt_name", INPUT_TYPES)
