@@ -230,6 +230,7 @@ def test_tei_clients_that_name_no_model_get_the_preloaded_one(
     for url in (f"{server.url}/embed", server.url):  # TEI serves its task at / too
         tei = InferenceClient(model=url)
         assert np.array_equal(tei.feature_extraction(reference_texts[0])[0], alone)
+    ignored: dict[str, Any]
     for ignored in ({"model": ""}, {"options": {"wait_for_model": True}}, {"parameters": {}}):
         # a blank model, and the Inference API's fields older clients send, as TEI takes them
         response = post(server, "/embed", json={"inputs": reference_texts[0], **ignored})
