@@ -195,8 +195,12 @@ def _run(args: argparse.Namespace) -> int:
         return _check(settings, args.warm, args.warm_pooling)
     if args.command == "embed":
         return _embed(settings, args.model, args.texts, args.model_pooling)
-    from embedx.server.run import serve
-
+    try:
+        from embedx.server.run import serve
+    except ModuleNotFoundError as exc:  # the library alone was installed
+        print(f"embedx: serving needs the server's packages ({exc.name} is missing): "
+              'pip install "embedx-inference[server]"', file=sys.stderr)  # fmt: skip
+        return 1
     return serve(settings)
 
 

@@ -141,3 +141,14 @@ def test_embed_takes_texts_after_its_flags_and_refuses_unknown_flags() -> None:
     refused = run("embed", model, "hello", "--no-such-flag")
     assert refused.returncode == 2
     assert "--no-such-flag" in refused.stderr
+
+
+def test_serve_without_the_server_packages_says_which_extra_to_install() -> None:
+    blocked = "import sys; sys.modules['blacksheep'] = None; from embedx.cli import main; "
+    result = subprocess.run([sys.executable, "-c", blocked + "sys.exit(main(['serve']))"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "embedx: serving needs the server's packages (blacksheep is missing): "
+        'pip install "embedx-inference[server]"'
+    )

@@ -826,6 +826,20 @@ def test_the_residency_cap_with_every_model_busy_is_a_503(
         assert post(capped, "/v1/embeddings", json=other).status_code == 200  # now it fits
 
 
+def test_a_taken_port_stops_the_start_before_any_model_loads(server: Server) -> None:
+    port = server.url.rsplit(":", 1)[1]  # another embedx has it
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
+    env.update(HF_HUB_OFFLINE="1", EMBEDX_PORT=port, EMBEDX_PRELOAD=MINILM_NAME)
+    started = time.monotonic()
+    second = subprocess.run([sys.executable, "-m", "embedx", "serve"], env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert second.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in second.stderr
+    assert "EMBEDX_PORT" in second.stderr
+    assert time.monotonic() - started < 30  # not after loading MiniLM
+    assert httpx.get(server.url + "/health").status_code == 200  # the first one is untouched
+
+
 def test_sigterm_drains_the_request_in_flight_and_exits_0(
     tmp_path: Path, reference_texts: list[str]
 ) -> None:

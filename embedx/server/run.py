@@ -11,6 +11,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import TYPE_CHECKING
@@ -77,10 +78,33 @@ def start_tasks_eagerly(loop: asyncio.AbstractEventLoop) -> None:
         loop.set_task_factory(asyncio.eager_task_factory)
 
 
+def _port_taken(host: str, port: int) -> OSError | None:
+    """Why `host:port` cannot be listened on, if it cannot. granian binds with SO_REUSEPORT:
+    a second embedx on a taken port would start and take half of the first one's requests."""
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc
+    return None
+
+
 async def _serve(settings: Settings) -> int:
     from granian.constants import HTTPModes, Interfaces
     from granian.server.embed import Server
 
+    taken = _port_taken(settings.host, settings.port)
+    if taken is not None:  # said before any model loads, not after
+        log.error(
+            "cannot listen on %s:%d (%s): another embedx, or another program, has it; "
+            "set EMBEDX_PORT or --port",
+            settings.host,
+            settings.port,
+            taken.strerror or taken,
+        )
+        return 1
     edge = create_app(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
