@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import logging
 import math
 import time
@@ -141,6 +142,14 @@ class ModelRegistry:
             else request.keep_alive_s,
         )
 
+    def _did_you_mean(self, name: str) -> str:
+        """A catalog name the request may have meant (the same model without its owner, or
+        a near spelling), as the end of a message."""
+        tail = name.rsplit("/", 1)[-1].lower()
+        same = [known for known in self.catalog if known.rsplit("/", 1)[-1].lower() == tail]
+        close = same or difflib.get_close_matches(name, list(self.catalog), n=1, cutoff=0.8)
+        return f"; did you mean {close[0]!r}?" if close else ""
+
     def _canonical(self, name: str) -> str:
         """A local directory's name as one path, however a request spells it (`/m`, `/m/`,
         `//./m`): one resident each, not a copy of the weights per spelling."""
@@ -173,12 +182,23 @@ class ModelRegistry:
                 # to state how a model that does not exist pools, nor a reason to evict one
                 # that does. (Below the cap nothing is evicted: its load finds out, and the
                 # first requests are not held up by a lookup.)
-                await asyncio.to_thread(check_exists, spec.source, spec.revision)
+                try:
+                    found = await asyncio.to_thread(check_exists, spec.source, spec.revision)
+                except ModelNotFound as exc:
+                    exc.message += self._did_you_mean(name)
+                    raise
                 if spec.pooling is None:
+                    hint = self._did_you_mean(name)
+                    unchecked = (
+                        ""
+                        if found
+                        else " (the Hugging Face hub could not be reached to check that it "
+                        "exists; with HF_HUB_OFFLINE=1 a name found nowhere is a 404)"
+                    )
                     raise PoolingRequired(
-                        f"model {name!r} is not loaded and its pooling is unknown: send pooling "
-                        "(cls, mean or last_token) with the first request, or add it to the "
-                        "catalog. embedx never guesses pooling",
+                        f"model {name!r} is not loaded and its pooling is unknown{unchecked}: "
+                        "send pooling (cls, mean or last_token) with the first request, or add "
+                        f"it to the catalog. embedx never guesses pooling{hint}",
                         param="pooling",
                     )
                 if self._closing:

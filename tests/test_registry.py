@@ -524,3 +524,18 @@ async def test_a_failed_load_is_remembered_without_the_tensors_it_had_made(
                 pass
         counts.append(live_tensors())
     assert counts[2] <= counts[1] <= counts[0], counts
+
+
+async def test_a_name_the_hub_could_not_be_asked_about_says_so_beside_asking_for_pooling(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    models = registry()
+    with pytest.raises(PoolingRequired) as caught:
+        await models.lease("sentence-transformers/all-MiniLM-L6-v3").__aenter__()
+    assert "hub could not be reached to check that it exists" in caught.value.message
+    assert caught.value.message.endswith(f"did you mean {MINILM_NAME!r}?")

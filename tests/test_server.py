@@ -431,6 +431,9 @@ def test_a_model_that_is_nowhere_is_a_404_with_or_without_pooling(server: Server
         assert "offline" in error["message"]
     with pytest.raises(openai.NotFoundError):
         client(server).embeddings.create(model="text-embedding-3-small", input="x")
+    body = {"model": "all-MiniLM-L6-v2", "input": "x"}  # the catalog's name, without its owner
+    error = assert_envelope(post(server, "/v1/embeddings", json=body), 404, "model_not_found")
+    assert error["message"].endswith(f"; did you mean {MINILM_NAME!r}?")
 
 
 @pytest.mark.parametrize(

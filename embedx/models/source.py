@@ -3,7 +3,6 @@ and hub; and the gate that lets only safetensors weights through."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import json
@@ -69,22 +68,26 @@ def resolve(source: str, revision: str | None = None) -> ModelFiles:
     return inspect_directory(directory, origin=f"hf:{source}", revision=resolved)
 
 
-def check_exists(source: str, revision: str | None = None) -> None:
+def check_exists(source: str, revision: str | None = None) -> bool:
     """Raise ModelNotFound where `source` names nothing this server could load: no package,
     no directory, not in the Hugging Face cache and (online) not on the hub. Downloads
     nothing. Asked before a request is told to state a pooling, so that a wrong name (an
-    OpenAI model's, say) is a 404; a hub that cannot be reached leaves the question open."""
+    OpenAI model's, say) is a 404; a hub that cannot be reached leaves the question open:
+    False then, True where the source was found."""
     if source.startswith(PACKAGE_PREFIX):
         module = source.removeprefix(PACKAGE_PREFIX)
         if importlib.util.find_spec(module.split(".")[0]) is None:
             raise _not_installed(module)
-        return
+        return True
     if local_directory(source) is not None:
-        return
+        return True
     _check_repo_id(source)
     if _cached_snapshot(source, revision) is None:
-        with contextlib.suppress(UnverifiableWeights):
+        try:
             _hub_info(source, revision)
+        except UnverifiableWeights:
+            return False
+    return True
 
 
 def local_directory(source: str) -> Path | None:
