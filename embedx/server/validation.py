@@ -113,6 +113,8 @@ def _texts(value: Any, param: str, max_items: int) -> list[str]:
             "(EMBEDX_MAX_REQUEST_ITEMS): split it",
             param=param,
         )
+    if set(map(type, texts)) == {str} and "" not in texts:
+        return texts  # the usual request, checked without a Python step a text
     if all(_token_ids(item) for item in texts):
         # The usual sender: LangChain's OpenAIEmbeddings, which tokenizes with OpenAI's
         # tiktoken vocabulary, whose ids mean nothing to another model.
