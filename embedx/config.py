@@ -277,7 +277,10 @@ class Settings:
         600.0, _seconds, "Idle seconds before a model unloads; 0 unloads when its last user leaves."
     )
     max_loaded_models: int = _setting(
-        4, _int(1), "Most models resident at once; the least recently used idle one is evicted."
+        4,
+        _int(1),
+        "Most models resident at once; the least recently used idle one is evicted (also "
+        "when a model fits on no device beside those loaded).",
     )
     max_concurrent_loads: int = _setting(2, _int(1), "Models loading at the same time.")
     smoke_test_on_load: bool = _setting(True, _bool, "Embed one text after loading, before use.")

@@ -22,6 +22,7 @@ from embedx.errors import (
     InvalidOption,
     ModelNotFound,
     ModelsBusy,
+    NoDeviceFits,
     PoolingConflict,
     PoolingRequired,
     ShuttingDown,
@@ -282,14 +283,23 @@ class ModelRegistry:
 
                 started = time.monotonic()
                 files = await asyncio.to_thread(resolve, spec.source, spec.revision)
-                accelerators = [self._open_accelerator(info) for info in self.devices]
-                engine = await Engine.load(spec, files, accelerators, self.engine_options())
+                while True:
+                    accelerators = [self._open_accelerator(info) for info in self.devices]
+                    try:
+                        engine = await Engine.load(spec, files, accelerators, self.engine_options())
+                        break
+                    except NoDeviceFits:
+                        if not await self._make_room(resident):
+                            raise
                 seconds = time.monotonic() - started
         except BaseException as exc:
             if self._models.get(spec.name) is resident:
                 del self._models[spec.name]
-            if isinstance(exc, EmbedxError) and not isinstance(exc, ShuttingDown | InvalidOption):
-                now = time.monotonic()  # (a request's own options are not the model's fault)
+            # Not remembered: a request's own options, and memory that others' models held
+            # (freed as they finish or idle out), which are not the model's fault.
+            remembered = not isinstance(exc, ShuttingDown | InvalidOption | NoDeviceFits)
+            if isinstance(exc, EmbedxError) and remembered:
+                now = time.monotonic()
                 self._failed = {  # the expired go, so that many names keep no memory
                     name: failed
                     for name, failed in self._failed.items()
@@ -303,6 +313,21 @@ class ModelRegistry:
         log.info("loaded %s in %.1f s", spec.name, seconds)
         self._settle_unused(resident)  # every request that waited for it may have left
         return engine
+
+    async def _make_room(self, loading: Resident) -> bool:
+        """Unload the least recently used idle model (not a preloaded one), for a model that
+        fits on no device beside what is loaded; False if there is none."""
+        idle = [
+            r
+            for r in self._models.values()
+            if r is not loading and r.users == 0 and r.engine is not None
+            and r.keep_alive_s != FOREVER
+        ]  # fmt: skip
+        if not idle:
+            return False
+        self._evict(min(idle, key=lambda r: r.last_used), f"to make room for {loading.spec.name}")
+        await asyncio.gather(*self._unloading, return_exceptions=True)
+        return True
 
     def _check_failed(self, name: str) -> None:
         """Raise again the error of this model's load if it failed lately."""

@@ -539,3 +539,27 @@ async def test_a_name_the_hub_could_not_be_asked_about_says_so_beside_asking_for
         await models.lease("sentence-transformers/all-MiniLM-L6-v3").__aenter__()
     assert "hub could not be reached to check that it exists" in caught.value.message
     assert caught.value.message.endswith(f"did you mean {MINILM_NAME!r}?")
+
+
+async def test_a_model_that_fits_nowhere_unloads_idle_models_until_it_does(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedx.errors import NoDeviceFits
+
+    models = registry(tiny_models, max_loaded_models=3)
+    load = Engine.load
+
+    async def one_model_a_device(spec: ModelSpec, *args: Any) -> Engine:
+        if any(r.engine is not None for r in models._models.values()):  # the device is full
+            raise NoDeviceFits(f"model {spec.name!r} fits on no device (injected)")
+        return await load(spec, *args)
+
+    monkeypatch.setattr(Engine, "load", one_model_a_device)
+    async with models.lease("bert-base"):
+        with pytest.raises(NoDeviceFits):  # in use: not unloaded to make room
+            await models.lease("bert-large").__aenter__()
+    async with models.lease("bert-large") as engine:  # bert-base idle now: it makes room
+        assert (await engine.embed(["x"])).vectors.shape[0] == 1
+    assert {r.spec.name for r in models.residents()} == {"bert-large"}
+    assert models.evictions == 1
+    await models.drain(5)
