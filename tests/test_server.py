@@ -372,6 +372,7 @@ def test_a_body_not_labelled_json_or_compressed_is_a_415(server: Server) -> None
         ({"model": 5, "input": "x"}, "invalid_option"),
         ({"model": MINILM_NAME, "input": "x", "pooling": "max"}, "invalid_option"),
         ({"model": MINILM_NAME, "input": "x", "dtype": "int3"}, "invalid_option"),  # loaded
+        ({"model": MINILM_NAME, "input": "x", "keep_alive": "9" * 400 + "s"}, "invalid_option"),
     ],
 )
 def test_bad_input_is_a_400_with_a_clear_message(
@@ -669,6 +670,17 @@ def test_the_openapi_request_schemas_name_exactly_the_fields_the_server_accepts(
     for path, fields in (("/v1/embeddings", OPENAI_FIELDS), ("/embed", TEI_FIELDS)):
         schema = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert set(schema["properties"]) == fields, path
+
+
+def test_token_ids_on_tei_are_refused_without_the_openai_clients_hint() -> None:
+    from embedx.errors import TokenInputNotSupported
+    from embedx.server.validation import parse_openai, parse_tei
+
+    with pytest.raises(TokenInputNotSupported) as tei:
+        parse_tei(b'{"inputs": [[101, 2023, 102]]}', 10, "m")
+    assert "LangChain" not in tei.value.message  # TEI's ids are the model's own vocabulary's
+    with pytest.raises(TokenInputNotSupported, match="check_embedding_ctx_length=False"):
+        parse_openai(b'{"model": "m", "input": [[101, 2023, 102]]}', 10)
 
 
 def test_a_tei_request_naming_no_model_on_a_server_with_no_default_says_how_to_set_one() -> None:

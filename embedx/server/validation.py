@@ -3,6 +3,7 @@ receives typed, validated values."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -116,13 +117,17 @@ def _texts(value: Any, param: str, max_items: int) -> list[str]:
     if set(map(type, texts)) == {str} and "" not in texts:
         return texts  # the usual request, checked without a Python step a text
     if all(_token_ids(item) for item in texts):
-        # The usual sender: LangChain's OpenAIEmbeddings, which tokenizes with OpenAI's
-        # tiktoken vocabulary, whose ids mean nothing to another model.
+        # On the OpenAI route, the usual sender: LangChain's OpenAIEmbeddings, which
+        # tokenizes with OpenAI's tiktoken vocabulary, whose ids mean nothing to another model.
+        langchain = (
+            " (LangChain's OpenAIEmbeddings sends OpenAI token ids unless "
+            "check_embedding_ctx_length=False)"
+            if param == "input"
+            else ""
+        )
         raise TokenInputNotSupported(
             f"`{param}` holds token ids; embedx embeds text: send the strings themselves, "
-            "it tokenizes them with the model's own tokenizer (LangChain's "
-            "OpenAIEmbeddings sends OpenAI token ids unless "
-            "check_embedding_ctx_length=False)",
+            f"it tokenizes them with the model's own tokenizer{langchain}",
             param=param,
         )
     for i, text in enumerate(texts):
@@ -182,13 +187,15 @@ def _keep_alive(value: Any) -> float | None:
     """Seconds, as a number or a string like "90s", "10m", "1h"."""
     if value is None:
         return None
+    seconds = None
     if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    match = DURATION.match(value) if isinstance(value, str) else None
-    if match is None:
+        seconds = float(value)
+    elif match := DURATION.match(value) if isinstance(value, str) else None:
+        seconds = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    if seconds is None or not math.isfinite(seconds):  # "1e400" seconds: not a duration
         raise InvalidOption("`keep_alive` must be seconds, or a duration like 90s, 10m, 1h",
                             param="keep_alive")  # fmt: skip
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    return seconds
 
 
 def _load(data: dict[str, Any]) -> LoadRequest:
