@@ -41,7 +41,10 @@ def _int(minimum: int) -> Callable[[object], int]:
     def parse(raw: object) -> int:
         if isinstance(raw, bool):
             raise ValueError("expected an integer")
-        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+        try:
+            value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+        except ValueError:  # not int()'s "invalid literal for int() with base 10"
+            raise ValueError("expected an integer") from None
         if value < minimum:
             raise ValueError(f"must be at least {minimum}")
         return value
@@ -61,7 +64,10 @@ def _optional(parse: Callable[[object], Any]) -> Callable[[object], Any]:
 def _seconds(raw: object) -> float:
     if isinstance(raw, bool):  # an int to Python: `true` in a TOML file is no duration
         raise ValueError("expected a number of seconds")
-    value = float(str(raw).strip()) if not isinstance(raw, int | float) else float(raw)
+    try:
+        value = float(str(raw).strip()) if not isinstance(raw, int | float) else float(raw)
+    except ValueError:  # not float()'s "could not convert string to float"
+        raise ValueError("expected a number of seconds") from None
     if not 0 <= value < math.inf:  # nan too: it compares false with everything
         raise ValueError("must be a finite number of seconds, 0 or more")
     return value
@@ -90,7 +96,10 @@ def _log_level(raw: object) -> str:
 
 
 def _did_you_mean(key: str, names: Iterable[str], prefix: str = "") -> str:
-    close = difflib.get_close_matches(key, list(names), n=1)
+    """A near setting name, found whatever the case (a TOML file's MAX_BATCH_TOKENS) and
+    with or without the environment's EMBEDX_ prefix."""
+    wanted = key.lower().removeprefix(ENV_PREFIX.lower())
+    close = difflib.get_close_matches(wanted, list(names), n=1)
     return f" Did you mean {prefix}{close[0].upper() if prefix else close[0]}?" if close else ""
 
 

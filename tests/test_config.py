@@ -95,6 +95,17 @@ def test_an_unknown_key_in_the_file_or_environment_is_an_error(tmp_path: Path) -
         load_settings(environ={"EMBEDX_PROT": "1"})
     with pytest.raises(ConfigError, match=r"'device'\. Did you mean devices\?"):
         load_settings({"device": "cpu"})  # as Embedder(..., device="cpu") passes it
+    for written in ("MAX_BATCH_TOKENS", "EMBEDX_MAX_BATCH_TOKENS"):  # the environment's form
+        config.write_text(f"{written} = 1\n")
+        with pytest.raises(ConfigError, match=r"Did you mean max_batch_tokens\?"):
+            load_settings(environ={"EMBEDX_CONFIG": str(config)})
+
+
+def test_a_value_that_is_no_number_says_what_was_expected() -> None:
+    with pytest.raises(ConfigError, match=r"= 'abc' is not valid: expected an integer$"):
+        load_settings(environ={"EMBEDX_MAX_BATCH_TOKENS": "abc"})
+    with pytest.raises(ConfigError, match=r"expected a number of seconds$"):
+        load_settings(environ={"EMBEDX_DRAIN_TIMEOUT_S": "soon"})
 
 
 @pytest.mark.parametrize("variable", ["EMBEDX_MODEL_ID", "EMBEDX_POOLING"])
