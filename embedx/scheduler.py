@@ -652,6 +652,7 @@ class ConvergingQueue:
     def _fail_all(self, error: BaseException) -> None:
         now = self.clock()
         jobs = {id(item.job): item.job for item in self._pending_items()}
+        jobs.update(self._feeding)  # still tokenizing: told now, not at their next chunk
         for device in self.devices:
             for claim in device.inflight:
                 for item in claim.items:

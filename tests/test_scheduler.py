@@ -121,6 +121,22 @@ def test_a_cancelled_request_has_its_pending_items_dropped() -> None:
     assert all(item.job is kept for item in claim.items)
 
 
+def test_closing_fails_a_job_still_being_fed_with_the_closing_error() -> None:
+    """A request whose texts are still being tokenized, none queued now, hears why at once,
+    not the queue's generic refusal at its next chunk."""
+    queue = ConvergingQueue(clock=Clock())
+    device = queue.add_device("d", budget=1000, rate=1e6)
+    feeding = Job(20)
+    queue.feeding_started(feeding)
+    queue.submit(feeding, [Item(feeding, i, 10) for i in range(5)])
+    claim = queue.claim(device)
+    assert claim is not None
+    queue.complete(claim)  # nothing of it queued now; 15 texts still to come
+    closing = NoDeviceAvailable("the server shut down before this request finished")
+    queue.close(closing)
+    assert feeding.error is closing
+
+
 def test_a_cancelled_or_failed_job_lets_go_of_its_rows_at_once() -> None:
     """Its items stay queued until a claim sweeps them, which an idle server never makes:
     its output array (N x D floats) must not stay with them."""
