@@ -37,7 +37,7 @@ from embedx.errors import (
 )
 from embedx.models import base64_rows
 from embedx.models.catalog import ModelSpec, check_template
-from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype, weight_bytes
+from embedx.models.loader import EmbeddingModel, dtype_on, max_tokens, weight_bytes
 from embedx.models.packing import HostBatch, Staging, bucketed_rows, pack, to_device
 from embedx.models.pooling import Pooling, check_dimensions, finish
 from embedx.models.tokenizer import Encoded, TextTokenizer
@@ -454,9 +454,7 @@ class Engine:
 
     async def _add_device(self, accelerator: Accelerator) -> None:
         info = accelerator.info
-        dtype = resolve_dtype(
-            self.spec.dtype, cuda=info.is_cuda, bf16=info.supports_bf16 or not info.is_cuda
-        )
+        dtype = dtype_on(self.spec.dtype, info)
         try:
             needed = weight_bytes(self.files, dtype)
         except Exception as exc:

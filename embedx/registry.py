@@ -28,12 +28,14 @@ from embedx.errors import (
     ShuttingDown,
 )
 from embedx.models.catalog import ModelSpec, check_dtype
+from embedx.models.loader import dtype_on, weight_bytes
 from embedx.models.pooling import Pooling
 from embedx.models.source import PACKAGE_PREFIX, check_exists, local_directory
 from embedx.telemetry import Histogram
 
 if TYPE_CHECKING:
     from embedx.devices import Accelerator, DeviceInfo
+    from embedx.models.source import ModelFiles
 
 log = logging.getLogger("embedx.registry")
 LOAD_BUCKETS_S = (0.5, 1, 2, 5, 10, 30, 60, 120, 300)
@@ -289,7 +291,7 @@ class ModelRegistry:
                         engine = await Engine.load(spec, files, accelerators, self.engine_options())
                         break
                     except NoDeviceFits:
-                        if not await self._make_room(resident):
+                        if not self._fits_alone(spec, files) or not await self._make_room(resident):
                             raise
                 seconds = time.monotonic() - started
         except BaseException as exc:
@@ -313,6 +315,13 @@ class ModelRegistry:
         log.info("loaded %s in %.1f s", spec.name, seconds)
         self._settle_unused(resident)  # every request that waited for it may have left
         return engine
+
+    def _fits_alone(self, spec: ModelSpec, files: ModelFiles) -> bool:
+        """Whether the model's weights fit on some device that holds nothing else: if not,
+        unloading other models cannot make room for it."""
+        return any(
+            weight_bytes(files, dtype_on(spec.dtype, d)) < d.total_memory for d in self.devices
+        )
 
     async def _make_room(self, loading: Resident) -> bool:
         """Unload the least recently used idle model (not a preloaded one), for a model that

@@ -563,3 +563,27 @@ async def test_a_model_that_fits_nowhere_unloads_idle_models_until_it_does(
     assert {r.spec.name for r in models.residents()} == {"bert-large"}
     assert models.evictions == 1
     await models.drain(5)
+
+
+async def test_a_model_too_large_for_any_device_unloads_nothing(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedx import registry as registry_module
+    from embedx.errors import NoDeviceFits
+
+    models = registry(tiny_models)
+    async with models.lease("bert-base"):
+        pass
+    monkeypatch.setattr(registry_module, "weight_bytes", lambda *_: 1 << 40)  # 1 TiB
+    monkeypatch.setattr(Engine, "load", _no_device_fits)
+    with pytest.raises(NoDeviceFits):
+        await models.lease("bert-large").__aenter__()
+    assert models.evictions == 0  # bert-base stays: unloading it could not have helped
+    assert {r.spec.name for r in models.residents()} == {"bert-base"}
+    await models.drain(5)
+
+
+async def _no_device_fits(spec: ModelSpec, *args: Any) -> Engine:
+    from embedx.errors import NoDeviceFits
+
+    raise NoDeviceFits(f"model {spec.name!r} fits on no device (injected)")

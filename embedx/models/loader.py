@@ -16,6 +16,7 @@ from embedx.models.source import ModelFiles
 if TYPE_CHECKING:
     import torch
 
+    from embedx.devices import DeviceInfo
     from embedx.models.packing import PackedBatch
 
 log = logging.getLogger("embedx.loader")
@@ -61,6 +62,14 @@ def resolve_dtype(requested: str, *, cuda: bool, bf16: bool) -> str:
     if not cuda:
         return "float32"
     return "bfloat16" if bf16 else "float16"
+
+
+def dtype_on(requested: str, device: DeviceInfo) -> str:
+    """The dtype a model's weights take on `device` (`resolve_dtype`; every CPU computes in
+    float32 and bfloat16)."""
+    return resolve_dtype(
+        requested, cuda=device.is_cuda, bf16=device.supports_bf16 or not device.is_cuda
+    )
 
 
 NativeConfig = bert.BertConfig | qwen3.Qwen3Config
