@@ -527,6 +527,21 @@ def test_unknown_route_is_a_404_and_wrong_method_a_405(server: Server) -> None:
     assert httpx.get(server.url + "/").json()["status"] == "ok"  # TEI's health check there too
 
 
+def test_a_request_target_that_is_no_path_is_a_400_not_a_500(server: Server) -> None:
+    port = int(server.url.rsplit(":", 1)[1])
+    for target in ("CONNECT example.com:443", "POST 127.0.0.1:80", "GET example.com:80"):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            raw.sendall(f"{target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                        "Connection: close\r\n\r\n".encode())  # fmt: skip
+            answer = b""
+            while chunk := raw.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400"), (target, answer)
+        assert json.loads(body)["error"]["code"] == "invalid_request"
+    assert "Traceback" not in server.output()
+
+
 def test_a_path_with_escaped_spaces_or_bytes_is_a_404_not_a_500(server: Server) -> None:
     for path in ("/v1/models/a%20b", "/v1/models/%C3%BC", "/nope%C3%BC", "/%ff", "/v1/models/%00"):
         assert_envelope(httpx.get(server.url + path), 404, "model_not_found" if "models" in path

@@ -16,7 +16,14 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from embedx.errors import AuthenticationFailed, Bug, EmbedxError, PayloadTooLarge, ShuttingDown
+from embedx.errors import (
+    AuthenticationFailed,
+    Bug,
+    EmbedxError,
+    InvalidRequest,
+    PayloadTooLarge,
+    ShuttingDown,
+)
 from embedx.server.responses import error_body
 from embedx.server.state import ServerState
 
@@ -80,6 +87,9 @@ class Edge:
         try:
             if origin is not None and _is_preflight(scope):  # browsers send it without a key
                 await response.preflight(scope)
+                return
+            if not path.startswith("/"):  # CONNECT host:port, say: no route could take it
+                await response.error(InvalidRequest("the request target must be a path"))
                 return
             refusal = self._refusal(scope, path)
             if refusal is not None:
