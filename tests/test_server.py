@@ -889,6 +889,19 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(
         assert "draining" in stopping.output()
 
 
+def test_a_client_that_never_finishes_its_request_does_not_hold_the_stop(tmp_path: Path) -> None:
+    with running_server(tmp_path, drain_timeout_s=1) as stopping:
+        port = int(stopping.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as held:
+            held.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n")  # no end of headers
+            time.sleep(0.5)
+            started = time.monotonic()
+            stopping.process.send_signal(signal.SIGTERM)
+            assert stopping.process.wait(60) == 0
+            assert time.monotonic() - started < 10  # granian alone waited 30 s for its headers
+        assert "exiting without them" in stopping.output()
+
+
 def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path, reference_texts: list[str]) -> None:
     """As with uvicorn: the first Ctrl-C drains, the second stops waiting."""
     with running_server(tmp_path, preload=MINILM_NAME, drain_timeout_s=600) as stopping:

@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("embedx.server")
 IO_THREADS = "embedx-io"
 STRAGGLERS_S = 1.0  # after the drain, for requests failed by the unload to send their 503
+# After the stop, for the HTTP server to close its connections: one whose client neither
+# reads its response nor finishes its request would hold the exit as long as it likes.
+CLOSING_S = 2.0
+
+
+class _ConnectionsLeft(Exception):
+    """Connections were still open CLOSING_S after the stop: the process exits without them."""
 
 
 def serve(settings: Settings) -> int:
@@ -46,19 +53,24 @@ def serve(settings: Settings) -> int:
     executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix=IO_THREADS)
     loop = uvloop.new_event_loop()
     loop.set_default_executor(executor)
+    left = False
     try:
         code = loop.run_until_complete(_serve(settings))
         loop.run_until_complete(loop.shutdown_asyncgens())
+    except _ConnectionsLeft:
+        code, left = 0, True  # the HTTP server's threads still hold them: not waited for
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
-        loop.close()
+        if not left:
+            loop.close()
     workers = [t for t in threading.enumerate() if t.name.startswith(IO_THREADS)]
     for worker in workers:
         worker.join(timeout=1.0)  # an idle one ends at once
-    if any(worker.is_alive() for worker in workers):
+    if left or any(worker.is_alive() for worker in workers):
         # A model load (a download, weights being read) still runs and cannot be stopped;
         # waiting for it would hold the exit for as long as it takes.
-        log.warning("stopped; not waiting for a model load still running")
+        if not left:
+            log.warning("stopped; not waiting for a model load still running")
         logging.shutdown()
         os._exit(code)
     return code
@@ -185,6 +197,15 @@ async def _until_stopped(
         for request in list(edge.state.requests):
             request.cancel()
     server.stop()  # type: ignore[no-untyped-call]  # stop accepting; `lifespan` unloads
-    await serving
+    try:
+        async with asyncio.timeout(CLOSING_S):
+            await asyncio.shield(serving)
+    except TimeoutError:
+        log.warning(
+            "connections still open %.0f s after the stop (clients that neither read their "
+            "response nor finish their request): exiting without them",
+            CLOSING_S,
+        )
+        raise _ConnectionsLeft from None
     log.info("stopped")
     return 0
