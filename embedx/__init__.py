@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any
 # slower (bench/cpu_memory.py). Read when torch first runs one; a value already set wins.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
 
+from embedx.errors import EmbedxError  # every error embedx raises; no torch behind it
+
 __version__ = "0.1.0"
-__all__ = ["Embedder", "__version__"]
+__all__ = ["Embedder", "EmbedxError", "__version__"]
 
 if TYPE_CHECKING:
     from embedx.embedder import Embedder

@@ -14,7 +14,7 @@ import numpy as np
 
 from embedx.config import Settings, load_settings
 from embedx.engine import EmbedOptions, Engine
-from embedx.errors import InvalidInput, InvalidOption, PoolingRequired, ShuttingDown
+from embedx.errors import InvalidInput, InvalidOption, ModelNotFound, PoolingRequired, ShuttingDown
 
 T = TypeVar("T")
 SIGNAL_CHECK_S = 0.1
@@ -77,7 +77,11 @@ class Embedder:
         )
         spec = registry.spec_for(model, LoadRequest(pooling, dtype, max_seq_len))
         if spec.pooling is None:
-            check_exists(spec.source, spec.revision)  # a wrong name is ModelNotFound
+            try:
+                check_exists(spec.source, spec.revision)
+            except ModelNotFound as exc:  # a wrong name: the catalog's, without its owner?
+                hint = registry.did_you_mean(model)
+                raise ModelNotFound(exc.message + hint, param=exc.param) from None
             raise PoolingRequired(
                 f"say how {model!r} pools: Embedder({model!r}, pooling='mean' | 'cls' | "
                 "'last_token'). embedx never guesses pooling",

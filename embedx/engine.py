@@ -654,6 +654,7 @@ class Engine:
         options = options or EmbedOptions()
         self._check_ready()
         _check_texts(texts)
+        texts = texts if isinstance(texts, list | tuple) else list(texts)  # sliced: a deque is not
         check_dimensions(options.dimensions, self.dimensions)
         template = self.template_for(options.input_type)
         if template is not None:  # checked once: by EngineOptions or the catalog

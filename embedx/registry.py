@@ -145,7 +145,7 @@ class ModelRegistry:
             else request.keep_alive_s,
         )
 
-    def _did_you_mean(self, name: str) -> str:
+    def did_you_mean(self, name: str) -> str:
         """A catalog name the request may have meant (the same model without its owner, or
         a near spelling), as the end of a message."""
         tail = name.rsplit("/", 1)[-1].lower()
@@ -188,10 +188,11 @@ class ModelRegistry:
                 try:
                     found = await asyncio.to_thread(check_exists, spec.source, spec.revision)
                 except ModelNotFound as exc:
-                    exc.message += self._did_you_mean(name)
-                    raise
+                    raise ModelNotFound(
+                        exc.message + self.did_you_mean(name), param=exc.param
+                    ) from None
                 if spec.pooling is None:
-                    hint = self._did_you_mean(name)
+                    hint = self.did_you_mean(name)
                     unchecked = (
                         ""
                         if found

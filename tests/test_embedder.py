@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import subprocess
 import sys
@@ -51,6 +52,22 @@ def test_arguments_of_the_wrong_type_are_named_not_a_type_error(minilm_dir: Path
             embedder.embed(["x"], truncate=None)  # type: ignore[arg-type]
     with pytest.raises(InvalidOption, match="max_seq_len must be a whole number"):
         Embedder(minilm_dir, pooling="mean", max_seq_len="16")  # type: ignore[arg-type]
+
+
+def test_any_sequence_of_texts_and_numpy_ints_for_dimensions_are_taken(minilm_dir: Path) -> None:
+    with Embedder(minilm_dir, pooling="mean") as embedder:
+        expected = embedder.embed(["a", "b"], dimensions=64)
+        got = embedder.embed(collections.deque(["a", "b"]), dimensions=np.int64(64))  # type: ignore[arg-type]
+    assert np.array_equal(got, expected)
+
+
+def test_the_short_name_of_a_catalog_model_is_pointed_to_the_full_one() -> None:
+    import embedx
+
+    with pytest.raises(
+        embedx.EmbedxError, match=r"did you mean 'sentence-transformers/all-MiniLM-L6-v2'\?$"
+    ):
+        Embedder("all-MiniLM-L6-v2")
 
 
 def test_settings_and_overrides_together_are_refused(minilm_dir: Path) -> None:

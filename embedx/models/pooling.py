@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import numbers
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -96,7 +97,8 @@ def finish(
 def check_dimensions(dimensions: int | None, full: int) -> None:
     if dimensions is None:
         return
-    if isinstance(dimensions, bool) or not isinstance(dimensions, int):  # the library's callers
+    given: object = dimensions  # the library's callers: numpy's ints too, or anything
+    if isinstance(given, bool) or not isinstance(given, numbers.Integral):
         raise UnsupportedDimensions(
             f"dimensions must be a whole number, got {dimensions!r}", param="dimensions"
         )
