@@ -135,7 +135,7 @@ def test_ctrl_c_during_an_embed_ends_it_with_one_line_and_exit_130() -> None:
         assert embedding.poll() is None, embedding.stderr.read()
         assert time.monotonic() < deadline, "it never loaded its tokenizer"
         time.sleep(0.2)
-    time.sleep(1)
+    time.sleep(8)  # past the model's load: embedding
     embedding.send_signal(signal.SIGINT)
     assert embedding.wait(timeout=60) == 130
     assert embedding.stderr.read().strip() == "embedx: interrupted"
