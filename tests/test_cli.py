@@ -122,6 +122,8 @@ def test_ctrl_c_during_an_embed_ends_it_with_one_line_and_exit_130() -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=environment,
+        # a shell's background job starts with SIGINT ignored, and Python keeps that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert embedding.stdin is not None
     assert embedding.stderr is not None
