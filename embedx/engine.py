@@ -821,6 +821,12 @@ class Engine:
         }
 
 
+def plain_texts(texts: Sequence[object]) -> bool:
+    """Whether every item is a non-empty str: the usual call, checked without a Python step
+    a text (anything else takes the detailed checks, which name the item at fault)."""
+    return set(map(type, texts)) == {str} and "" not in texts
+
+
 def _check_texts(texts: Sequence[str]) -> None:
     if isinstance(texts, str | bytes) or not isinstance(texts, Sequence):
         raise InvalidInput(
@@ -828,8 +834,8 @@ def _check_texts(texts: Sequence[str]) -> None:
         )
     if not texts:
         raise EmptyInput("texts is empty: send at least one text", param="input")
-    if set(map(type, texts)) == {str} and "" not in texts:
-        return  # the usual call, checked without a Python step a text
+    if plain_texts(texts):
+        return
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise InvalidInput(f"input {i} is a {type(text).__name__}, not a string", param="input")

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from embedx.engine import plain_texts
 from embedx.errors import (
     EmptyInput,
     InvalidInput,
@@ -114,8 +115,8 @@ def _texts(value: Any, param: str, max_items: int) -> list[str]:
             "(EMBEDX_MAX_REQUEST_ITEMS): split it",
             param=param,
         )
-    if set(map(type, texts)) == {str} and "" not in texts:
-        return texts  # the usual request, checked without a Python step a text
+    if plain_texts(texts):
+        return texts
     if all(_token_ids(item) for item in texts):
         # On the OpenAI route, the usual sender: LangChain's OpenAIEmbeddings, which
         # tokenizes with OpenAI's tiktoken vocabulary, whose ids mean nothing to another model.
