@@ -53,24 +53,22 @@ def serve(settings: Settings) -> int:
     executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix=IO_THREADS)
     loop = uvloop.new_event_loop()
     loop.set_default_executor(executor)
-    left = False
     try:
         code = loop.run_until_complete(_serve(settings))
         loop.run_until_complete(loop.shutdown_asyncgens())
-    except _ConnectionsLeft:
-        code, left = 0, True  # the HTTP server's threads still hold them: not waited for
+    except _ConnectionsLeft:  # the HTTP server's threads still hold them: not waited for
+        logging.shutdown()
+        os._exit(0)
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
-        if not left:
-            loop.close()
+        loop.close()
     workers = [t for t in threading.enumerate() if t.name.startswith(IO_THREADS)]
     for worker in workers:
         worker.join(timeout=1.0)  # an idle one ends at once
-    if left or any(worker.is_alive() for worker in workers):
+    if any(worker.is_alive() for worker in workers):
         # A model load (a download, weights being read) still runs and cannot be stopped;
         # waiting for it would hold the exit for as long as it takes.
-        if not left:
-            log.warning("stopped; not waiting for a model load still running")
+        log.warning("stopped; not waiting for a model load still running")
         logging.shutdown()
         os._exit(code)
     return code
