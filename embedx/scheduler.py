@@ -247,6 +247,10 @@ class ConvergingQueue:
     def active_devices(self) -> list[DeviceSlot]:
         return [d for d in self.devices if d.active]
 
+    def _active_accelerators(self) -> list[DeviceSlot]:
+        """The active devices that do not compute on the host's CPU."""
+        return [d for d in self.devices if d.active and not d.shares_host]
+
     def ranked(self) -> list[DeviceSlot]:
         """Active devices, fastest first by measured (or prior) tokens/s."""
         return sorted(self.active_devices(), key=lambda d: -d.effective_rate())
@@ -672,7 +676,7 @@ class ConvergingQueue:
         of the work is below MIN_HOST_SHARE: its batches would cost the accelerators more (cores,
         and the interpreter lock its forward holds) than it adds."""
         if self.feeding:
-            return any(d.active and not d.shares_host for d in self.devices)
+            return bool(self._active_accelerators())
         return self._host_sits_out(device)
 
     def _host_sits_out(self, device: DeviceSlot) -> bool:
@@ -680,7 +684,7 @@ class ConvergingQueue:
         best share of it is below MIN_HOST_SHARE (see `_host_better_left_to_feeding`)."""
         if not device.shares_host:
             return False
-        accelerators = [d for d in self.devices if d.active and not d.shares_host]
+        accelerators = self._active_accelerators()
         total = device.speed.rate + sum(d.speed.rate for d in accelerators)
         return bool(accelerators) and device.speed.rate < MIN_HOST_SHARE * total
 
