@@ -152,7 +152,12 @@ async def open_engine(
     from embedx.models.pooling import Pooling
     from embedx.models.source import resolve
 
-    settings = load_settings({"devices": devices, "max_batch_tokens": tokens})
+    # None is a value to load_settings (it overrides the environment): leave devices out
+    # to have them found
+    given: dict[str, object] = {"max_batch_tokens": tokens}
+    if devices is not None:
+        given["devices"] = devices
+    settings = load_settings(given)
     spec = ModelSpec(
         name=name or str(devices),
         source=str(directory),

@@ -1,0 +1,83 @@
+"""The benchmarks behind the README's figures still run: each on tiny random shapes, on CPU,
+over the test corpus. Their rates mean nothing here; that they finish and write every
+figure does (a change to the settings once broke `throughput.py` on the GPU host only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = str(ROOT / "tests" / "data" / "lee50.jsonl")
+
+
+def _bench(script: str, *args: str, out: Path) -> dict[str, Any]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("EMBEDX_DEVICES", None)  # devices found, as on the GPU host
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args, "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def test_throughput_measures_every_method(tmp_path: Path) -> None:
+    result = _bench(
+        "throughput.py",
+        "bert-base",
+        "--tiny",
+        "--corpus",
+        CORPUS,
+        "--repeat",
+        "1",
+        "--runs",
+        "1",
+        "--reference-sample",
+        "16",
+        "--peer-fraction",
+        "0.5",
+        out=tmp_path / "throughput.json",
+    )
+    methods = result["methods"]
+    assert set(methods) == {
+        "tokenize_only",
+        "embedx",
+        "transformers_sorted",
+        "sentence_transformers",
+    }
+    assert all(m["tokens_per_s"] > 0 for m in methods.values())
+    assert result["accuracy_vs_float32"]["min_cosine"] > 0.999
+
+
+def test_load_measures_server_and_library(tmp_path: Path) -> None:
+    result = _bench(
+        "load.py",
+        "--model",
+        "bert-base",
+        "--tiny",
+        "--clients",
+        "4",
+        "--client-processes",
+        "2",
+        "--requests",
+        "8",
+        "--batch",
+        "16",
+        "--passes",
+        "1",
+        "--corpus",
+        CORPUS,
+        out=tmp_path / "load.json",
+    )
+    # both embedded the same texts: 8 requests of 16
+    assert result["server"]["tokens"] == result["library"]["tokens"] > 0
+    assert result["server_vs_library"] > 0
