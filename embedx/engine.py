@@ -374,7 +374,7 @@ class Engine:
         self.options = options
         self.state = EngineState.LOADING
         self.max_batch_texts = min(options.max_batch_items or MAX_BATCH_TEXTS, MAX_BATCH_TEXTS)
-        self.queue = ConvergingQueue(max_batch_items=self.max_batch_texts)
+        self.queue = ConvergingQueue(name=spec.name, max_batch_items=self.max_batch_texts)
         self.accelerators: list[Accelerator] = []  # every device it was given, used or not
         self.replicas: list[Replica] = []
         self.workers: list[DeviceWorker] = []

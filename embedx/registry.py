@@ -266,7 +266,7 @@ class ModelRegistry:
             victim = min(idle, key=lambda r: r.last_used)
             self._evict(victim, "to make room")
         keep_alive = spec.keep_alive_s
-        if spec.name in self._preloaded and self.catalog[spec.name].keep_alive_s is None:
+        if self._kept_loaded(spec.name):
             keep_alive = FOREVER  # whatever keep_alive the request that reloads it sends
         elif keep_alive is None:
             keep_alive = self.settings.default_keep_alive_s
@@ -306,12 +306,20 @@ class ModelRegistry:
                 self._failed = {  # the expired go, so that many names keep no memory
                     name: failed
                     for name, failed in self._failed.items()
-                    if now - failed.at < FAILED_LOAD_MEMORY_S
+                    if now - failed.at < FAILED_LOAD_MEMORY_S or self._kept_loaded(name)
                 }
                 self._failed[spec.name] = FailedLoad(now, type(exc), exc.message, exc.param)
+                log.error("loading %s failed: %s", spec.name, exc.message)
+                if self._kept_loaded(spec.name) and not self._closing:
+                    # the server was started to serve it: it tries again with no request
+                    # waiting, and /health fails until it loads
+                    asyncio.get_running_loop().call_later(
+                        FAILED_LOAD_MEMORY_S, self._load_again, spec.name
+                    )
             raise
         self.load_seconds.observe(seconds)
         self.loads += 1
+        self._failed.pop(spec.name, None)
         resident.engine = engine
         log.info("loaded %s in %.1f s", spec.name, seconds)
         self._settle_unused(resident)  # every request that waited for it may have left
@@ -378,14 +386,32 @@ class ModelRegistry:
             return
         if self._models.get(resident.spec.name) is not resident:
             return
-        if not resident.engine.serving:  # a device fault may pass: the next request reloads
+        if not resident.engine.serving:  # a device fault may pass: it loads again
             self._evict(resident, "every device of it is quarantined")
+            self._load_again(resident.spec.name)  # now if the server keeps it, else when asked
         elif resident.keep_alive_s <= 0:
             self._evict(resident, "keep_alive is 0")
         elif resident.keep_alive_s != FOREVER:
             resident.timer = asyncio.get_running_loop().call_later(
                 resident.keep_alive_s, self._expire, resident
             )
+
+    def _kept_loaded(self, name: str) -> bool:
+        """Preloaded, and its catalog entry sets no keep-alive: loaded for the server's life."""
+        return name in self._preloaded and self.catalog[name].keep_alive_s is None
+
+    def _load_again(self, name: str) -> None:
+        """Load a model kept for the server's life that lost its devices or failed to load,
+        with no request waiting for it (one that comes joins the load)."""
+        if not self._kept_loaded(name) or name in self._models or self._closing:
+            return
+        try:
+            resident = self._reserve(self.spec_for(name, LoadRequest()))
+        except EmbedxError as exc:  # every slot is held by a model in use: a request retries
+            log.warning("%s cannot load again now: %s", name, exc.message)
+            return
+        assert resident.task is not None
+        resident.task.add_done_callback(_seen)  # a failure is logged and tried again
 
     def _expire(self, resident: Resident) -> None:
         resident.timer = None
@@ -398,7 +424,9 @@ class ModelRegistry:
         if resident.timer is not None:
             resident.timer.cancel()
         self.evictions += 1
-        log.info("unloading %s (%s)", resident.spec.name, why)
+        # a model that lost every device is an outage: seen at the warning level too
+        level = logging.INFO if resident.engine and resident.engine.serving else logging.WARNING
+        log.log(level, "unloading %s (%s)", resident.spec.name, why)
         engine = resident.engine
         resident.engine = None
         assert engine is not None
@@ -461,6 +489,13 @@ class ModelRegistry:
             described.append(entry)
         return described
 
+    def failing(self) -> list[str]:
+        """Models kept for the server's life whose last load failed: until each loads again,
+        the server cannot serve what it was started to serve."""
+        return sorted(
+            name for name in self._preloaded if self._kept_loaded(name) and name in self._failed
+        )
+
     def degraded(self) -> list[str]:
         """Devices quarantined by any resident model, as 'model: device (reason)', and
         preloaded models not loaded (their reload failed) that their entries keep loaded."""
@@ -469,7 +504,7 @@ class ModelRegistry:
             failed = self._failed.get(name)
             if failed is None and self.catalog[name].keep_alive_s is not None:
                 continue  # its entry lets it idle out or be evicted: unloaded as asked
-            why = failed.message if failed else "its devices failed; the next request loads it"
+            why = failed.message if failed else "its devices failed; it loads again"
             found.append(f"{name}: preloaded, but not loaded ({why})")
         for resident in self._models.values():
             if resident.engine is None:
@@ -527,3 +562,9 @@ def _asked_pooling(name: str, stated: Pooling | None, asked: str | None) -> Pool
             param="pooling",
         )
     return pooling
+
+
+def _seen(task: asyncio.Task[Any]) -> None:
+    """Mark a load no request awaited as looked at: its failure is logged where it happens."""
+    if not task.cancelled():
+        task.exception()

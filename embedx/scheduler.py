@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import logging
 import math
 import time
 from collections import deque
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from embedx.batching import Cut, End, Item, Job, LengthBuckets
 from embedx.errors import EmbeddingFailed, NoDeviceAvailable, ShuttingDown
 from embedx.telemetry import LATENCY_BUCKETS_S, Histogram
+
+log = logging.getLogger("embedx.scheduler")
 
 # A device is taken out once this many of its last QUARANTINE_WINDOW batches failed: not
 # only in a row, or one that fails two batches of three, succeeding in between, would keep
@@ -198,11 +201,13 @@ class ConvergingQueue:
     def __init__(
         self,
         *,
+        name: str = "",
         clock: Callable[[], float] = time.monotonic,
         max_batch_items: int | None = None,
         quarantine_after: int = QUARANTINE_AFTER_FAILURES,
         max_item_attempts: int = MAX_ITEM_ATTEMPTS,
     ) -> None:
+        self.name = name  # the model's, for the log
         self.clock = clock
         self.max_batch_items = max_batch_items
         self.quarantine_after = quarantine_after
@@ -606,6 +611,7 @@ class ConvergingQueue:
             return
         device.state = DeviceState.QUARANTINED
         device.reason = reason
+        log.warning("%s: %s taken out of service: %s", self.name, device.name, reason)
         revoked, device.inflight = device.inflight, []
         for claim in revoked:
             self._requeue(claim.items)

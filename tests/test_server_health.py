@@ -4,14 +4,19 @@ CPU devices, one of which fails every batch."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
+from embedx import registry as registry_module
 from embedx.config import load_settings
 from embedx.devices import CpuAccelerator
+from embedx.engine import Engine
+from embedx.errors import ModelUnavailable
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
 from embedx.registry import ModelRegistry
@@ -62,11 +67,12 @@ async def test_a_quarantined_device_makes_health_degraded_and_info_names_it(
     await registry.drain(5)
 
 
-async def test_a_model_whose_every_device_failed_is_loaded_afresh_by_the_next_request(
+async def test_a_preloaded_model_whose_every_device_failed_loads_again_by_itself(
     minilm_dir: Path,
 ) -> None:
     """A passing fault (a transient driver error, say) must not leave the model refusing
-    every request until the server restarts."""
+    every request until the server restarts, nor a preloaded one unloaded until a request
+    comes."""
     settings = load_settings({}, environ={})
     catalog = load_catalog(None)
     catalog["m"] = ModelSpec(name="m", source=str(minilm_dir), pooling=Pooling.MEAN)
@@ -85,9 +91,9 @@ async def test_a_model_whose_every_device_failed_is_loaded_afresh_by_the_next_re
         assert failed.status_code == 503
         assert failed.json()["error"]["code"] == "no_device_available"
         assert "Xid 79" in failed.json()["error"]["message"]
-        health = (await client.get("/health")).json()  # unloaded, and not hidden
-        assert health["status"] == "degraded"
-        assert "m: preloaded, but not loaded" in health["quarantined"][0]
+        await _until_loaded(registry, "m")  # with no request asking
+        assert registry.loads == 2
+        assert (await client.get("/health")).json()["status"] == "ok"
         served = await client.post("/v1/embeddings", json=body)
         assert served.status_code == 200, served.text
         assert (await client.get("/health")).json()["status"] == "ok"
@@ -104,6 +110,75 @@ async def test_a_model_whose_every_device_failed_is_loaded_afresh_by_the_next_re
             assert served.status_code == 200, served.text
     assert registry.loads == 3
     await registry.drain(5)
+
+
+async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_does(
+    minilm_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fault that outlives the model (a CUDA context broken for good) leaves the server
+    unable to serve what it was started for: /health says so with a 503, which orchestrators
+    act on, and the server keeps trying to load it."""
+    monkeypatch.setattr(registry_module, "FAILED_LOAD_MEMORY_S", 0.3)
+    settings = load_settings({}, environ={})
+    catalog = load_catalog(None)
+    catalog["m"] = ModelSpec(name="m", source=str(minilm_dir), pooling=Pooling.MEAN)
+    registry = ModelRegistry(settings, catalog, [cpu_info("only")], CpuAccelerator)
+    app = create_app(settings, registry)
+    await registry.preload(["m"])
+    device_lost = True
+    real_load = Engine.load
+
+    async def load(*args: Any) -> Engine:
+        if device_lost:
+            raise ModelUnavailable("the device is gone (injected)")
+        return await real_load(*args)
+
+    monkeypatch.setattr(Engine, "load", load)
+    async with registry.lease("m") as engine:
+        for replica in engine.replicas:
+            replica.model.forward = SlowForward(  # type: ignore[method-assign]
+                replica.model.forward, fail=lambda b, n: RuntimeError("Xid 79 (injected)")
+            )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
+        body = {"model": "m", "input": ["a text"]}
+        assert (await client.post("/v1/embeddings", json=body)).status_code == 503
+        health = await client.get("/health")
+        for _ in range(200):  # its load again is under way: it fails at once
+            if health.status_code == 503:
+                break
+            await asyncio.sleep(0.05)
+            health = await client.get("/health")
+        assert health.status_code == 503
+        assert health.json()["status"] == "failing"
+        assert health.json()["failing"] == ["m"]
+        assert "embedx_models_failing 1" in (await client.get("/metrics")).text
+        # the outage is in a log kept at the warning level: the device out, the load failed
+        logged = [(r.levelno, r.getMessage()) for r in caplog.records]
+        assert (logging.WARNING, "m: only taken out of service: " + _first_reason(logged)) in logged
+        assert (logging.ERROR, "loading m failed: the device is gone (injected)") in logged
+        device_lost = False  # the next try, 0.3 s on, loads it
+        await _until_loaded(registry, "m")
+        health = await client.get("/health")
+        assert health.status_code == 200, health.text
+        assert health.json()["status"] == "ok"
+        assert "embedx_models_failing 0" in (await client.get("/metrics")).text
+        assert (await client.post("/v1/embeddings", json=body)).status_code == 200
+    await registry.drain(5)
+
+
+def _first_reason(logged: list[tuple[int, str]]) -> str:
+    return next(m for _, m in logged if "taken out of service" in m).split("service: ", 1)[1]
+
+
+async def _until_loaded(registry: ModelRegistry, name: str) -> None:
+    """Wait (30 s at most) for the model to be resident and serving."""
+    for _ in range(600):
+        resident = next((r for r in registry.residents() if r.spec.name == name), None)
+        if resident is not None and resident.engine is not None and resident.engine.serving:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name} did not load")
 
 
 async def test_requests_waiting_for_a_load_hold_no_slot_that_a_loaded_model_needs(

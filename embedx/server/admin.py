@@ -15,11 +15,16 @@ from embedx.server.state import ServerState
 
 
 async def health(state: ServerState, http: Request) -> Response:
-    """Liveness for load balancers: touches no model and takes no request slot."""
+    """For load balancers and orchestrators: touches no model and takes no request slot.
+    503 while draining, or while a preloaded model cannot load (it is tried again every
+    30 s): the server cannot do what it was started for, and a restart may mend a device."""
     if state.draining:
         return json_response({"status": "draining"}, 503, {"Retry-After": "10"})
     degraded = state.registry.degraded()
-    return json_response({"status": "degraded" if degraded else "ok", "quarantined": degraded})
+    failing = state.registry.failing()
+    status = "failing" if failing else "degraded" if degraded else "ok"
+    body = {"status": status, "quarantined": degraded, "failing": failing}
+    return json_response(body, 503 if failing else 200)
 
 
 async def info(state: ServerState, http: Request) -> Response:

@@ -113,6 +113,12 @@ def render(http: HttpMetrics, registry: ModelRegistry, admission: Admission) -> 
     w.histogram("embedx_model_load_seconds", registry.load_seconds)
     w.family("embedx_model_evictions_total", "counter", "Models unloaded.")
     w.sample("embedx_model_evictions_total", registry.evictions)
+    w.family(
+        "embedx_models_failing",
+        "gauge",
+        "Preloaded models whose last load failed; /health answers 503 while any is.",
+    )
+    w.sample("embedx_models_failing", len(registry.failing()))
 
     engines = [(r.spec.name, r.engine) for r in registry.residents() if r.engine is not None]
     _engine_families(w, engines)

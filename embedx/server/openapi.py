@@ -110,9 +110,11 @@ _MODELS = {
 _HEALTH = {
     "type": "object",
     "properties": {
-        "status": {"enum": ["ok", "degraded", "draining"]},
+        "status": {"enum": ["ok", "degraded", "failing", "draining"]},
         "quarantined": {"type": "array", "items": {"type": "string"},
                         "description": "model: device (reason), for each device taken out"},
+        "failing": {"type": "array", "items": {"type": "string"},
+                    "description": "preloaded models that cannot load (status failing, a 503)"},
     },
 }  # fmt: skip
 _INFO = {
@@ -197,8 +199,9 @@ def openapi_spec() -> dict[str, Any]:
                 "As /embed: TEI serves its model's task here", _VECTORS, request=_TEI_REQUEST,
                 errors=embedding_errors),
                   "get": _operation("As /health, as in TEI", _HEALTH, errors=(503,))},
-            "/health": {"get": {**_operation("ok, degraded (a device quarantined) or draining",
-                                             _HEALTH, errors=(503,)), "security": []}},
+            "/health": {"get": {**_operation(
+                "ok, degraded (a device quarantined), failing (a preloaded model cannot load) "
+                "or draining", _HEALTH, errors=(503,)), "security": []}},
             "/info": {"get": _operation(
                 "Settings, devices, concurrency and resident models", _INFO)},
             "/metrics": {"get": _operation("Prometheus metrics", {"type": "string"},
