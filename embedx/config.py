@@ -80,11 +80,19 @@ def _text(raw: object) -> str:
 PLACEHOLDER_KEY = "change-me"  # .env.example's: a key anyone who read it knows
 
 
-def _api_key(raw: object) -> str:
+def _api_key(raw: object) -> str | None:
+    """Unset when empty. Not `_optional`: there "none" means unset, and a key of "none" must
+    not turn the check off unseen."""
+    if raw is None:
+        return None
     # stripped, as clients' headers are: a key read from a file with its newline still works
     key = str(raw).strip()
+    if not key:
+        return None
     if key == PLACEHOLDER_KEY:
         raise ValueError(".env.example's placeholder; set a key of your own")
+    if key.lower() in ("none", "null", "false"):
+        raise ValueError("that reads as no key; for none leave it empty or unset")
     return key
 
 
@@ -199,7 +207,7 @@ class Settings:
     host: str = _setting("127.0.0.1", _host, "IP address to bind. Beyond loopback, set an API key.")
     port: int = _setting(8477, _port, "TCP port.")
     api_key: str | None = _setting(
-        None, _optional(_api_key), "Bearer token required on every route but /health.", "unset"
+        None, _api_key, "Bearer token required on every route but /health.", "unset"
     )
     cors_allow_origins: tuple[str, ...] = _setting(
         (),

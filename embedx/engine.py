@@ -432,7 +432,10 @@ class Engine:
                 spec.name,
             )
         length = min(spec.max_seq_len or files.st_max_seq_len or limit, limit)
-        tokenizer = await asyncio.to_thread(TextTokenizer, files, length)
+        try:
+            tokenizer = await asyncio.to_thread(TextTokenizer, files, length)
+        except Exception as exc:  # a tokenizer.json the tokenizers package cannot read
+            raise _unbuildable(spec.name, exc) from exc
         engine = cls(spec, files, tokenizer, spec.pooling, options)
         engine.accelerators = list(accelerators)  # closed with it
         try:

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 def run(
     *args: str, env: dict[str, str] | None = None, stdin: str | None = None
@@ -109,6 +111,30 @@ def test_a_model_that_cannot_be_built_is_one_line_not_a_traceback(
         f"embedx: model {str(tmp_path)!r} could not be built from its files (KeyError: "
         "'vocab_size'); check its config.json and weights"
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "said"),
+    [
+        ("sentence_bert_config.json", '{"max_seq_length": "long"}', "cannot read (ValueError"),
+        ("modules.json", '["Transformer"]', "cannot read (AttributeError"),
+        ("tokenizer.json", '{"model": {}}', "could not be built from its files"),
+    ],
+)
+def test_a_model_file_of_the_wrong_shape_is_one_line_naming_the_model(
+    minilm_dir: Path, tmp_path: Path, name: str, content: str, said: str
+) -> None:
+    """Not a 500 in the server, nor a traceback here: the model's fault, said as such."""
+    for original in minilm_dir.iterdir():
+        if original.is_file():
+            (tmp_path / original.name).symlink_to(original)
+    (tmp_path / name).unlink(missing_ok=True)
+    (tmp_path / name).write_text(content)
+    done = run("embed", str(tmp_path), "--pooling", "mean", "hi", env={"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 1
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert str(tmp_path) in done.stderr
+    assert said in done.stderr
 
 
 def test_ctrl_c_during_an_embed_ends_it_with_one_line_and_exit_130() -> None:

@@ -53,6 +53,7 @@ def test_precedence_is_defaults_then_toml_then_environment_then_flags(tmp_path: 
         ("EMBEDX_HOST", "localhost", "host"),  # granian binds addresses only
         ("EMBEDX_HOST", "not a host", "host"),
         ("EMBEDX_API_KEY", "change-me", "api_key"),
+        ("EMBEDX_API_KEY", "None", "api_key"),  # read as no key, it turned the check off
         ("EMBEDX_PORT", "eighty", "port"),
         ("EMBEDX_PORT", "70000", "port"),
         ("EMBEDX_MAX_BATCH_TOKENS", "0", "max_batch_tokens"),
@@ -172,6 +173,7 @@ def test_settings_made_by_hand_are_checked_as_loaded_ones_are(
 
 def test_an_api_key_is_stripped_as_a_clients_header_is() -> None:
     assert load_settings(environ={"EMBEDX_API_KEY": " s3cret\n"}).api_key == "s3cret"
+    assert load_settings(environ={"EMBEDX_API_KEY": " "}).api_key is None  # empty: no key
 
 
 def test_redacted_settings_show_the_api_key_only_as_set() -> None:

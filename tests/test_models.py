@@ -118,6 +118,26 @@ def test_an_uncached_hub_model_with_the_hub_unreachable_is_unverifiable(
     check_exists("embedx-tests/no-such-model")  # cannot tell: leaves the question open
 
 
+def test_a_gated_hub_model_says_it_is_gated_not_missing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The hub answers a gated repo without access with an error that is a kind of 'no such
+    repo': what the operator needs is a token, not another name."""
+    import httpx2
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError
+
+    def gated(*args: object, **kwargs: object) -> None:
+        request = httpx2.Request("GET", "https://huggingface.co/api/models/org/gated")
+        raise GatedRepoError("401 gated", response=httpx2.Response(401, request=request))
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(HfApi, "model_info", gated)
+    with pytest.raises(ModelNotFound, match=r"gated on the Hugging Face hub.*HF_TOKEN"):
+        resolve("org/gated")
+
+
 def test_a_cached_hub_model_with_only_pickle_weights_is_refused_as_such_offline(
     minilm_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -193,7 +193,13 @@ def _hub_info(repo_id: str, revision: str | None) -> ModelInfo:
 
     try:
         return HfApi().model_info(repo_id, revision=revision)
-    except (RepositoryNotFoundError, GatedRepoError):
+    except GatedRepoError:  # one kind of RepositoryNotFoundError, and not missing
+        raise ModelNotFound(
+            f"model {repo_id!r} is gated on the Hugging Face hub: accept its terms there and "
+            "give the server a token with access (HF_TOKEN)",
+            param="model",
+        ) from None
+    except RepositoryNotFoundError:
         raise ModelNotFound(
             f"model {repo_id!r} is not on the Hugging Face hub", param="model"
         ) from None
@@ -251,6 +257,17 @@ def _weights(directory: Path, name: str) -> tuple[Path, ...]:
 
 def inspect_directory(directory: Path, *, origin: str, revision: str | None = None) -> ModelFiles:
     """Read a model directory's configs and check that every weight file is safetensors."""
+    try:
+        return _inspect(directory, origin, revision)
+    except (ValueError, TypeError, AttributeError) as exc:  # a config of another shape
+        raise InvalidModel(
+            f"{origin}: a config file holds what embedx cannot read "
+            f"({type(exc).__name__}: {str(exc)[:200]})",
+            param="model",
+        ) from None
+
+
+def _inspect(directory: Path, origin: str, revision: str | None) -> ModelFiles:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise InvalidModel(
