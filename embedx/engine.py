@@ -288,7 +288,9 @@ class DeviceWorker:
                     sole = _sole_job(claim.items)
                     form = _batch_form(claim.items, sole)
                     launched = self._launch(claim, form)
-                    if launched is not None:
+                    if launched is None:  # its copies may still read the slot: not on the loop
+                        await asyncio.to_thread(accelerator.synchronize)
+                    else:
                         inflight.append(_InFlight(claim, launched, sole, form))
                 if not inflight:
                     await self.queue.wait_for_work(self.slot)
@@ -327,7 +329,6 @@ class DeviceWorker:
             launched = self.replica.accelerator.launch(lambda: self.replica.run(host, slot, form))
             self.padding_rows += host.rows - host.tokens
         except Exception as exc:
-            self.replica.accelerator.synchronize()  # its copies may still read the slot
             self._failed(claim, exc)
             return None
         self._launches += 1
@@ -482,7 +483,7 @@ class Engine:
             if not accelerator.is_out_of_memory(exc):
                 raise _unbuildable(self.spec.name, exc) from exc
         if model is None:
-            self._skip(accelerator, "out of memory while loading the weights")
+            await self._skip(accelerator, "out of memory while loading the weights")
             return
         replica = Replica(accelerator, model)
         fits = False
@@ -497,7 +498,7 @@ class Engine:
                 raise _unbuildable(self.spec.name, exc) from exc
         if not fits:
             del replica, model  # before the cache is emptied: their memory goes with it
-            self._skip(accelerator, "out of memory running a probe batch beside the weights")
+            await self._skip(accelerator, "out of memory running a probe batch beside the weights")
             return
         self.replicas.append(replica)
         self.dimensions = model.dimensions
@@ -522,9 +523,10 @@ class Engine:
             slot.speed.fixed * 1000,
         )
 
-    def _skip(self, accelerator: Accelerator, reason: str) -> None:
+    async def _skip(self, accelerator: Accelerator, reason: str) -> None:
         self.skipped[accelerator.info.label] = reason
-        accelerator.release_cached_memory()
+        # it synchronizes the device, whose other models' batches the loop must not wait on
+        await asyncio.to_thread(accelerator.release_cached_memory)
 
     def _most_texts(self, budget: int) -> int:
         """The most texts a batch of `budget` tokens can hold: max_batch_texts, and half the

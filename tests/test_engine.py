@@ -623,6 +623,44 @@ def test_a_failed_launch_leaves_the_slot_of_a_batch_still_running_alone() -> Non
     assert slots == [0, 1, 1], "the third batch took the slot of the one still running"
 
 
+async def test_waiting_out_a_failed_launch_leaves_the_event_loop_free(
+    make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a failed launch the worker waits for the device's stream (its copies may still
+    read the slot): on a GPU as long as the batches in flight, for ever on a hung one. The
+    loop, serving every other request and model, must not wait with it."""
+    from embedx.devices import CpuAccelerator
+
+    monkeypatch.setattr(CpuAccelerator, "synchronize", lambda self: time.sleep(1.0))
+    async with make_engine(("cpu",), smoke_test=False) as engine:
+        replica = engine.replicas[0]
+        pack = replica.pack
+        packed = 0
+
+        def fails_first(*args: Any) -> Any:
+            nonlocal packed
+            packed += 1
+            if packed == 1:
+                raise RuntimeError("launch failed (injected)")
+            return pack(*args)
+
+        monkeypatch.setattr(replica, "pack", fails_first)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.02)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        result = await engine.embed(["a text", "another one"])  # the retry serves it
+        ticker.cancel()
+        assert len(result.vectors) == 2
+        assert packed == 2
+        assert ticks >= 25, f"the loop ticked {ticks} times in the 1 s wait"
+
+
 async def test_a_device_short_of_memory_for_a_probe_batch_is_skipped_and_closed(
     make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
