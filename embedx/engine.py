@@ -620,7 +620,8 @@ class Engine:
             result = await self.embed([SMOKE_TEXT], EmbedOptions(normalize=False))
         except Exception as exc:
             raise SmokeTestFailed(f"model {self.spec.name!r} failed its smoke test: {exc}") from exc
-        finally:  # no one's request: what /info and /metrics count starts after it
+        finally:  # no one's request: the counts of requests and their latency start after
+            # it (the devices' counts of batches and tokens include its one batch)
             self.requests = 0
             self.latency = Histogram(LATENCY_BUCKETS_S)
         vector = result.vectors[0]

@@ -82,7 +82,8 @@ def finish(
     vectors: np.ndarray, *, dimensions: int | None, normalize: bool, model_normalizes: bool
 ) -> np.ndarray:
     """Apply the model's Normalize module, truncate to `dimensions` (matryoshka), then
-    L2-normalize if asked. Works in place on `vectors`, float32 (B, H)."""
+    L2-normalize if asked. `vectors`, float32 (B, H), is written in place; a truncation
+    returns a copy."""
     full = vectors.shape[1]
     check_dimensions(dimensions, full)
     if model_normalizes and not normalize:  # else the final normalization subsumes it

@@ -261,7 +261,7 @@ class TextTokenizer:
             self._queued.notify()
 
     def encode_now(self, texts: Sequence[str], *, truncate: bool = True) -> Encoded:
-        """Blocking encode, for load-time probes and tools."""
+        """Blocking encode, for tests and bench/ (the engine encodes on its threads)."""
         return self._finish(self._encode(self._cut(texts)), texts, truncate, offset=0)
 
     def _cut(self, texts: Sequence[str]) -> list[str]:

@@ -76,14 +76,14 @@ _OPENAI_RESPONSE = {
 _TEI_REQUEST = {
     "type": "object",
     "required": ["inputs"],
-    "additionalProperties": False,
+    "description": "Fields other than these are ignored, as TEI ignores them.",
     "properties": {
         "model": {"type": "string", "description": "Unset: EMBEDX_DEFAULT_MODEL, else the "
                   "first of EMBEDX_PRELOAD (TEI's clients name no model)."},
         "inputs": _TEXTS,
         "prompt_name": {"enum": ["query", "passage", None],
                         "description": "The catalog prompt to wrap the texts in."},
-        "normalize": {"type": "boolean", "default": True},
+        "normalize": {"type": "boolean", "description": "Unset: EMBEDX_NORMALIZE (true)."},
         "truncate": {"type": "boolean", "default": False,
                      "description": "false: a text over max_seq_len is a 400."},
         "truncation_direction": {"enum": ["right", "Right", None],
