@@ -24,6 +24,7 @@ from embedx.errors import (
     PayloadTooLarge,
     ShuttingDown,
 )
+from embedx.server.metrics import CLIENT_CLOSED
 from embedx.server.responses import error_body
 from embedx.server.state import ServerState
 
@@ -35,7 +36,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger("embedx.server")
 access = logging.getLogger("embedx.access")  # a line per request, at info
-CLIENT_CLOSED = 499  # the status metrics record for a request whose client hung up
 OPEN_PATHS = frozenset({"/health"})  # no key needed
 REQUEST_ID = "embedx.request_id"  # the scope key that carries a request's id to the app
 MAX_REQUEST_ID = 128

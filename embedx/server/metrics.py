@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 # Methods counted by name; any other is "other", as unknown paths are: a client sending
 # made-up methods must not grow the series without bound.
 COUNTED_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+# The status recorded for a request whose client hung up before its response (nginx's):
+# counted as a request, not as an error of the server's.
+CLIENT_CLOSED = 499
 
 
 class HttpMetrics:
@@ -91,10 +94,14 @@ def render(http: HttpMetrics, registry: ModelRegistry, admission: Admission) -> 
     w.family("embedx_requests_total", "counter", "HTTP requests by route, method and status.")
     for (route, method, status), count in sorted(http.requests.items()):
         w.sample("embedx_requests_total", count, route=route, method=method, status=status)
-    w.family("embedx_request_errors_total", "counter", "HTTP responses with status 400 or above.")
+    w.family(
+        "embedx_request_errors_total",
+        "counter",
+        "HTTP responses with status 400 or above, but 499 (the client left before its answer).",
+    )
     errors: Counter[tuple[str, int]] = Counter()
     for (route, _, status), count in http.requests.items():
-        if status >= 400:
+        if status >= 400 and status != CLIENT_CLOSED:
             errors[(route, status)] += count
     for (route, status), count in sorted(errors.items()):
         w.sample("embedx_request_errors_total", count, route=route, status=status)
