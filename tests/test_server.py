@@ -279,7 +279,7 @@ def test_every_request_leaves_an_access_line_with_its_id(server: Server) -> None
     deadline = time.monotonic() + 10
     while f"id={refused_id}" not in server.output() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert f"id={refused_id}" in server.output()
+    assert f"id={refused_id} code=empty_input" in server.output()  # what to grep for
     assert "Handled error" not in server.output()
     # a client's (or proxy's) own id is kept, so that both logs name the request alike
     for given, kept in (("client-42/a.b", True), ("two words", False), ("x" * 129, False)):
@@ -651,6 +651,18 @@ def test_metrics_are_prometheus_text(server: Server) -> None:
     text = httpx.get(server.url + "/metrics").text
     assert made_up not in text
     assert 'embedx_requests_total{route="/health",method="other",status="405"}' in text
+    # errors by their code, whether the app (a route's check) or the edge (no key, a bad
+    # target) answered: a 503 alone does not say whether to add devices or fix a model
+    post(server, "/v1/embeddings", json={"model": "no/such-model-anywhere", "input": "x"})
+    text = httpx.get(server.url + "/metrics").text
+    assert (
+        'embedx_request_errors_total{route="/v1/embeddings",status="404",code="model_not_found"}'
+        in text
+    )
+    assert (
+        'embedx_request_errors_total{route="/health",status="405",code="method_not_allowed"}'
+        in text
+    )
 
 
 def test_docs_and_openapi_describe_every_route(server: Server) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from blacksheep import Application, Request, Response
 from blacksheep.server.routing import Router
@@ -14,7 +14,7 @@ from embedx.errors import Bug, EmbedxError, MethodNotAllowed, NotFound
 from embedx.registry import ModelRegistry, check_default_model, check_preload
 from embedx.server import admin, embeddings
 from embedx.server.admission import Admission
-from embedx.server.edge import REQUEST_ID, Edge, route_of
+from embedx.server.edge import ERROR_CODE, REQUEST_ID, Edge, route_of
 from embedx.server.responses import error_response
 from embedx.server.state import ServerState
 
@@ -81,13 +81,20 @@ async def _fallback(request: Request) -> Response:
     if "GET" in allowed:
         allowed.append("HEAD")  # the edge answers HEAD as GET without the body
     if allowed:
-        return error_response(
-            MethodNotAllowed(f"{request.method} is not allowed on {path}", allow=allowed)
+        return _answer(
+            request, MethodNotAllowed(f"{request.method} is not allowed on {path}", allow=allowed)
         )
-    return error_response(NotFound(f"no route {request.method} {path}; see /docs"))
+    return _answer(request, NotFound(f"no route {request.method} {path}; see /docs"))
 
 
 async def _embedx_error(app: Any, request: Request, error: EmbedxError) -> Response:
+    return _answer(request, error)
+
+
+def _answer(request: Request, error: EmbedxError) -> Response:
+    """The error's envelope, its code left for the edge's metrics and access line."""
+    scope = cast("dict[str, object]", request.scope)  # typed with ASGI's keys alone
+    scope[ERROR_CODE] = error.code
     return error_response(error)
 
 
@@ -96,4 +103,4 @@ async def _unexpected_error(app: Any, request: Request, error: Exception) -> Res
     request_id = request.scope.get(REQUEST_ID, "unknown")
     path = request.url.path.decode()
     log.error("request %s %s failed (id %s)", request.method, path, request_id, exc_info=error)
-    return error_response(Bug(f"The request failed unexpectedly (request id {request_id})."))
+    return _answer(request, Bug(f"The request failed unexpectedly (request id {request_id})."))

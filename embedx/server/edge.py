@@ -38,6 +38,7 @@ log = logging.getLogger("embedx.server")
 access = logging.getLogger("embedx.access")  # a line per request, at info
 OPEN_PATHS = frozenset({"/health"})  # no key needed
 REQUEST_ID = "embedx.request_id"  # the scope key that carries a request's id to the app
+ERROR_CODE = "embedx.error_code"  # where the app leaves an error's code, for metrics and the log
 MAX_REQUEST_ID = 128
 REQUEST_ID_BYTES = re.compile(rb"^[!-~]+$")  # printable ASCII, no spaces: safe in a log line
 # What a browser page on an allowed origin may send and read (CORS).
@@ -118,14 +119,16 @@ class Edge:
                 state.idle.set()
             route = path if path in self.paths else route_of(path, self.paths) or "other"
             seconds = time.perf_counter() - started
-            state.http.observe(route, method, response.status, seconds)
+            code = response.code or scope.get(ERROR_CODE)
+            state.http.observe(route, method, response.status, seconds, code)
             access.info(
-                "%s %s %d %.1f ms id=%s",
+                "%s %s %d %.1f ms id=%s%s",
                 method,
                 path if path.isprintable() else ascii(path)[1:-1],  # a %0A forges no line
                 response.status,
                 seconds * 1000,
                 request_id,
+                f" code={code}" if code else "",
             )
 
     def _preloading_send(self, send: Send) -> Send:
@@ -239,6 +242,7 @@ class _Response:
         self._tags = [(b"x-request-id", request_id), *cors]
         self._head = head
         self.status = 500
+        self.code: str | None = None  # an error's, where the edge answered with one
         self.started = False
 
     async def send(self, message: Message) -> None:
@@ -265,6 +269,7 @@ class _Response:
     async def error(self, error: EmbedxError) -> None:
         if self.started:  # too late for a clean error: the log has it
             return
+        self.code = error.code
         status, headers, body = error_body(error)
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})

@@ -24,15 +24,21 @@ CLIENT_CLOSED = 499
 
 
 class HttpMetrics:
-    """Requests and errors by route, method and status; latency by route."""
+    """Requests by route, method and status; errors by route, status and code; latency by
+    route."""
 
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, str, int]] = Counter()
+        self.errors: Counter[tuple[str, int, str]] = Counter()
         self.latency: dict[str, Histogram] = {}
 
-    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+    def observe(
+        self, route: str, method: str, status: int, seconds: float, code: str | None = None
+    ) -> None:
         counted = method if method in COUNTED_METHODS else "other"
         self.requests[(route, counted, status)] += 1
+        if status >= 400 and status != CLIENT_CLOSED:  # 503 alone says too little to act on
+            self.errors[(route, status, code or "other")] += 1
         histogram = self.latency.get(route)
         if histogram is None:
             histogram = self.latency[route] = Histogram(LATENCY_BUCKETS_S)
@@ -97,14 +103,11 @@ def render(http: HttpMetrics, registry: ModelRegistry, admission: Admission) -> 
     w.family(
         "embedx_request_errors_total",
         "counter",
-        "HTTP responses with status 400 or above, but 499 (the client left before its answer).",
+        "HTTP responses with status 400 or above, by the error's code (queue_timeout, "
+        "no_device_available, ...); not 499, a client that left before its answer.",
     )
-    errors: Counter[tuple[str, int]] = Counter()
-    for (route, _, status), count in http.requests.items():
-        if status >= 400 and status != CLIENT_CLOSED:
-            errors[(route, status)] += count
-    for (route, status), count in sorted(errors.items()):
-        w.sample("embedx_request_errors_total", count, route=route, status=status)
+    for (route, status, code), count in sorted(http.errors.items()):
+        w.sample("embedx_request_errors_total", count, route=route, status=status, code=code)
     w.family("embedx_request_seconds", "histogram", "HTTP request latency by route.")
     for route, histogram in sorted(http.latency.items()):
         w.histogram("embedx_request_seconds", histogram, route=route)
