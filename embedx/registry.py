@@ -17,6 +17,7 @@ from embedx import heap
 from embedx.config import Settings
 from embedx.engine import Engine, EngineOptions, EngineState
 from embedx.errors import (
+    Bug,
     ConfigError,
     EmbedxError,
     InvalidOption,
@@ -298,9 +299,9 @@ class ModelRegistry:
         except BaseException as exc:
             if self._models.get(spec.name) is resident:
                 del self._models[spec.name]
-            # Not remembered: a request's own options, and memory that others' models held
-            # (freed as they finish or idle out), which are not the model's fault.
-            remembered = not isinstance(exc, ShuttingDown | InvalidOption | NoDeviceFits)
+            # Not remembered: a request's own options, memory that others' models held (freed
+            # as they finish or idle out), and embedx's own bugs: none is the model's fault.
+            remembered = not isinstance(exc, ShuttingDown | InvalidOption | NoDeviceFits | Bug)
             if isinstance(exc, EmbedxError) and remembered:
                 now = time.monotonic()
                 self._failed = {  # the expired go, so that many names keep no memory

@@ -527,6 +527,24 @@ async def test_a_failed_load_is_remembered_without_the_tensors_it_had_made(
     assert counts[2] <= counts[1] <= counts[0], counts
 
 
+async def test_a_bug_in_a_load_is_not_answered_from_memory(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Remembered, it came back as a TypeError (Bug takes no param) in place of the bug."""
+    from embedx.engine import Engine
+    from embedx.errors import Bug
+
+    async def broken(*args: Any) -> Engine:
+        raise Bug("an invariant broke (injected)")
+
+    monkeypatch.setattr(Engine, "load", broken)
+    models = registry(tiny_models)
+    for _ in range(2):
+        with pytest.raises(Bug, match="injected"):
+            async with models.lease("bert-base"):
+                pass
+
+
 async def test_a_name_the_hub_could_not_be_asked_about_says_so_beside_asking_for_pooling(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
