@@ -9,6 +9,7 @@ import difflib
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -112,6 +113,7 @@ class ModelRegistry:
         self._failed: dict[str, FailedLoad] = {}
         self.load_seconds = Histogram(LOAD_BUCKETS_S)
         self.loads = 0
+        self.load_failures: Counter[str] = Counter()  # by the error's code
         self.evictions = 0
 
     # -- what a name means ---------------------------------------------------------------
@@ -299,6 +301,8 @@ class ModelRegistry:
         except BaseException as exc:
             if self._models.get(spec.name) is resident:
                 del self._models[spec.name]
+            if isinstance(exc, EmbedxError) and not isinstance(exc, ShuttingDown):
+                self.load_failures[exc.code] += 1
             # Not remembered: a request's own options, memory that others' models held (freed
             # as they finish or idle out), and embedx's own bugs: none is the model's fault.
             remembered = not isinstance(exc, ShuttingDown | InvalidOption | NoDeviceFits | Bug)

@@ -152,7 +152,9 @@ async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_do
         assert health.status_code == 503
         assert health.json()["status"] == "failing"
         assert health.json()["failing"] == ["m"]
-        assert "embedx_models_failing 1" in (await client.get("/metrics")).text
+        metrics = (await client.get("/metrics")).text
+        assert "embedx_models_failing 1" in metrics
+        assert 'embedx_model_load_failures_total{code="model_unavailable"}' in metrics
         # the outage is in a log kept at the warning level: the device out, the load failed
         logged = [(r.levelno, r.getMessage()) for r in caplog.records]
         assert (logging.WARNING, "m: only taken out of service: " + _first_reason(logged)) in logged
