@@ -137,6 +137,19 @@ def test_openai_sdk_float_equals_the_library_bit_for_bit(
     assert np.array_equal(vectors, embedder.embed(texts))
 
 
+def test_a_base_url_without_v1_as_infinity_serves_works_unchanged(
+    server: Server, reference_texts: list[str], embedder: Any
+) -> None:
+    """Infinity serves /embeddings and /models: clients moving from it keep their base URL."""
+    sdk = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+    texts = reference_texts[:20]
+    response = sdk.embeddings.create(model=MINILM_NAME, input=texts)
+    vectors = np.array([d.embedding for d in response.data], dtype=np.float32)
+    assert np.array_equal(vectors, embedder.embed(texts))
+    assert MINILM_NAME in [m.id for m in sdk.models.list()]
+    assert sdk.models.retrieve(MINILM_NAME).id == MINILM_NAME
+
+
 def test_a_single_string_and_dimensions(
     server: Server, embedder: Any, reference_texts: list[str]
 ) -> None:

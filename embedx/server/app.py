@@ -25,6 +25,10 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/v1/embeddings", embeddings.create_embeddings),
     ("GET", "/v1/models", embeddings.list_models),
     ("GET", "/v1/models/{path:model}", embeddings.retrieve_model),
+    # infinity's paths, as its clients' OpenAI base URL has no /v1
+    ("POST", "/embeddings", embeddings.create_embeddings),
+    ("GET", "/models", embeddings.list_models),
+    ("GET", "/models/{path:model}", embeddings.retrieve_model),
     ("POST", "/embed", embeddings.embed_tei),
     ("POST", "/", embeddings.embed_tei),  # TEI's route too: clients given the bare URL post here
     ("GET", "/health", admin.health),

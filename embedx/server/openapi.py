@@ -171,6 +171,21 @@ def _operation(
 
 @functools.cache
 def openapi_spec() -> dict[str, Any]:
+    spec = _spec()
+    paths = spec["paths"]
+    for openai in ("/v1/embeddings", "/v1/models", "/v1/models/{model}"):  # as infinity serves
+        alias = openai.removeprefix("/v1")
+        paths[alias] = {
+            method: {
+                **operation,
+                "summary": f"As {openai}: infinity's path (a base URL without /v1)",
+            }
+            for method, operation in paths[openai].items()
+        }
+    return spec
+
+
+def _spec() -> dict[str, Any]:
     embedding_errors = (400, 401, 404, 409, 413, 415, 503)
     return {
         "openapi": "3.1.0",
