@@ -42,7 +42,9 @@ VOLUME ["/var/cache/embedx/hf", "/models"]
 USER embedx
 EXPOSE 8477
 
-HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+# The port opens once EMBEDX_PRELOAD's models have loaded (a download from the hub first can
+# take minutes): failures count only after the start period, and the first success ends it.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
   CMD curl -fsS "http://127.0.0.1:${EMBEDX_PORT:-8477}/health" || exit 1
 
 ENTRYPOINT ["python", "-m", "embedx"]
