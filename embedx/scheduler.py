@@ -446,9 +446,15 @@ class ConvergingQueue:
         best = min((high, low, 0.0), key=makespan)  # ties go to the larger claim
         if best > 0:
             return max(1, math.ceil(best))
-        if not any(d.inflight for d in self.devices) and self.ranked()[0] is device:
+        if not any(d.inflight for d in self.devices) and device is self._first_to_progress():
             return max(1, math.ceil(first))  # nobody is working: progress first
         return None
+
+    def _first_to_progress(self) -> DeviceSlot | None:
+        """The device that claims when every device would rather leave the rest to others:
+        the fastest that does not sit out (a host device ranked first by its rate at its full
+        budget, beside accelerators whose budgets shrank, would leave it to nobody)."""
+        return next((d for d in self.ranked() if not self._host_sits_out(d)), None)
 
     def _first_length(self, end: End) -> int | None:
         """Length of the first item a claim from `end` would take."""
@@ -570,11 +576,13 @@ class ConvergingQueue:
         if out_of_memory:
             device.budget = max(1, device.budget // 2)
             device.clean_batches = 0
-        else:
+        # Running out of memory is the batch's size, not its items' or the device's fault,
+        # unless it was one item: then both count, so that a device short of memory for even
+        # one text (a co-tenant holds it) is taken out before it fails texts others could run.
+        blame = not out_of_memory or len(claim.items) == 1
+        if blame:
             device.outcomes.append(False)
         retry: list[Item] = []
-        # Running out of memory is the batch's size, not its items' fault, unless it was one.
-        blame = not out_of_memory or len(claim.items) == 1
         for item in claim.items:
             item.attempts += blame
             if item.job.cancelled:

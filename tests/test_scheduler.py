@@ -342,6 +342,63 @@ def test_oom_on_a_small_batch_halves_the_budget_not_the_batch() -> None:
     assert device.budget == 8192  # was 150: a 128,000-token job then took 1,000 batches
 
 
+def test_a_device_short_of_memory_for_one_text_goes_out_before_it_fails_any() -> None:
+    """A co-tenant holds its memory: every batch runs out, down to one text. Those count
+    against the device, which goes out after three, while no text has failed four times:
+    the healthy device runs them all. (One-text failures counted only against the texts, and
+    67 of them failed a request the other device could have run.)"""
+    queue = ConvergingQueue(clock=Clock())
+    healthy = queue.add_device("healthy", budget=8192, rate=1e6)
+    full = queue.add_device("full", budget=8192, rate=1e6)
+    job = job_of(queue, [100] * 40)
+    running = queue.claim(healthy)
+    assert running is not None
+    while (claim := queue.claim(full)) is not None:
+        queue.fail(claim, MemoryError("CUDA out of memory (injected)"), out_of_memory=True)
+    assert not full.active
+    assert "out of memory" in (full.reason or "")
+    queue.complete(running)
+    while (claim := queue.claim(healthy)) is not None:
+        queue.complete(claim)
+    assert job.error is None
+    assert job.remaining == 0
+
+
+def test_when_every_device_would_leave_the_rest_to_another_the_fastest_able_claims() -> None:
+    """The host's CPU sits out beside GPUs, yet ranks first once out-of-memory failures shrank
+    the GPUs' budgets; each GPU, its batch times spread, expects the other to finish sooner.
+    With the fallback given to the first ranked, none claimed and the request waited for ever."""
+    clock = Clock()
+    queue = ConvergingQueue(clock=clock)
+    probe = [(64, 0.002 + 64 / 1e7), (4096, 0.002 + 4096 / 1e7)] * 2
+    gpus = [
+        queue.add_device(name, budget=4096, rate=1e7, fixed_s=0.002, probe=probe)
+        for name in ("gpu0", "gpu1")
+    ]
+    cpu = queue.add_device(
+        "cpu", budget=4096, rate=1e5, probe=[(64, 64 / 1e5), (4096, 4096 / 1e5)] * 2,
+        shares_host=True,
+    )  # fmt: skip
+    filler = job_of(queue, [20] * 10_000)
+    for gpu in gpus:
+        for _ in range(6):  # its budget halves to 64
+            claim = queue.claim(gpu)
+            assert claim is not None
+            queue.fail(claim, MemoryError("injected"), out_of_memory=True)
+        for k in range(10):  # and its batches take 0.7 and 1.3 times what was expected
+            claim = queue.claim(gpu)
+            assert claim is not None
+            seconds = claim.expected_s * (0.7 if k % 2 else 1.3)
+            clock.now += seconds
+            queue.complete(claim, seconds)
+    queue.cancel(filler)  # its client left; then a request of one text
+    job = job_of(queue, [20])
+    assert queue.ranked()[0] is cpu
+    claims = [queue.claim(device) for device in (*gpus, cpu)]
+    assert [c is not None for c in claims] == [True, False, False]
+    assert job.remaining == 1  # claimed, not done
+
+
 def test_a_device_that_keeps_failing_is_quarantined_and_its_work_goes_to_the_others() -> None:
     queue = ConvergingQueue(clock=Clock())
     bad = queue.add_device("bad", budget=100, rate=1e7)
