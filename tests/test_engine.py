@@ -534,6 +534,50 @@ async def test_base64_rows_are_written_into_the_callers_array(
     assert not made[0][:, [0, -1]].any(), "written outside the column it was given"
 
 
+async def test_a_request_cancelled_while_its_texts_share_a_batch_leaves_the_others_whole(
+    make_engine: Callable[..., Any], tiny_models: dict[str, Path], reference_texts: list[str]
+) -> None:
+    """Its client left while the batch ran: the batch's other rows are delivered, and the
+    gone request's rows are not written anywhere (nor counted as the device failing)."""
+    texts = reference_texts[:40]
+    async with make_engine(("cpu",), model_dir=tiny_models["bert-base"], max_seq_len=64) as engine:
+        alone = (await engine.embed(texts)).vectors
+        slot = engine.queue.devices[0]
+        wrap(engine, "cpu", rate=1e9, fixed_s=0.3)
+        busy = asyncio.create_task(engine.embed(["keeps the device busy"]))
+        for _ in range(100):
+            if slot.inflight:
+                break
+            await asyncio.sleep(0.01)
+        leaving = asyncio.create_task(engine.embed(reference_texts[40:80]))
+        staying = asyncio.create_task(engine.embed(texts))
+        for _ in range(300):  # until one batch holds texts of both
+            if any(len({id(i.job) for i in c.items}) >= 2 for c in slot.inflight):
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the two requests never shared a batch")
+        leaving.cancel()
+        result = await staying
+        await busy
+        assert np.allclose(result.vectors, alone, atol=1e-5)
+        assert slot.active
+        assert False not in slot.outcomes, "a batch failed"
+
+
+async def test_texts_cut_to_the_model_length_are_counted_over_every_chunk(
+    make_engine: Callable[..., Any], tiny_models: dict[str, Path]
+) -> None:
+    from embedx.models.tokenizer import FIRST_CHUNK
+
+    long, short = "many words in a long text " * 20, "short"
+    texts = [long if i % 3 == 0 else short for i in range(FIRST_CHUNK + 500)]  # two chunks
+    async with make_engine(("cpu",), model_dir=tiny_models["bert-base"], max_seq_len=32) as engine:
+        result = await engine.embed(texts)
+        assert result.truncated == texts.count(long)
+        assert engine.truncated == texts.count(long)  # /info's and /metrics' count
+
+
 async def test_requests_sharing_a_batch_each_get_the_rows_they_asked_for(
     make_engine: Callable[..., Any], tiny_models: dict[str, Path], reference_texts: list[str]
 ) -> None:

@@ -332,6 +332,24 @@ def test_oom_halves_budget_and_requeues_both_halves() -> None:
     assert device.budget == 1000
 
 
+def test_running_out_of_memory_on_batches_of_many_texts_fails_neither_texts_nor_device() -> None:
+    """The batch's size is at fault: five in a row (more than a text's four attempts, or a
+    device's three failures) only shrink the batches."""
+    queue = ConvergingQueue(clock=Clock())
+    device = queue.add_device("d", budget=100_000, rate=1e6)
+    job = job_of(queue, [100] * 100)
+    for _ in range(5):
+        claim = queue.claim(device)
+        assert claim is not None
+        assert len(claim.items) > 1
+        queue.fail(claim, MemoryError("injected"), out_of_memory=True)
+    assert device.active
+    while (claim := queue.claim(device)) is not None:
+        queue.complete(claim)
+    assert job.error is None
+    assert job.remaining == 0
+
+
 def test_oom_on_a_small_batch_halves_the_budget_not_the_batch() -> None:
     queue = ConvergingQueue(clock=Clock())
     device = queue.add_device("d", budget=16384, rate=1e6)

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 import openai
+import orjson
 import pytest
 
 from embedx.allocator import allocator
@@ -159,6 +160,10 @@ def test_a_single_string_and_dimensions(
     vector = np.array(response.data[0].embedding, dtype=np.float32)
     assert vector.shape == (64,)
     assert np.array_equal(vector, embedder.embed(reference_texts[0], dimensions=64)[0])
+    full = client(server).embeddings.create(  # the model's own width, as some clients send
+        model=MINILM_NAME, input=reference_texts[0], dimensions=384
+    )
+    assert np.array_equal(full.data[0].embedding, embedder.embed(reference_texts[0])[0])
 
 
 def test_base64_is_little_endian_float32(server: Server) -> None:
@@ -272,9 +277,12 @@ def test_tei_truncation_direction_right_or_null_is_accepted_and_left_refused(
 
 
 def test_tei_truncate_false_refuses_an_over_long_text(server: Server) -> None:
-    body = {"model": MINILM_NAME, "inputs": "word " * 400, "truncate": False}
-    error = assert_envelope(post(server, "/embed", json=body), 400, "context_length_exceeded")
-    assert error["param"] == "inputs"  # TEI's field
+    body: dict[str, Any] = {"model": MINILM_NAME, "inputs": "word " * 400}  # false unless sent
+    for truncate in (None, False):
+        if truncate is not None:
+            body["truncate"] = truncate
+        error = assert_envelope(post(server, "/embed", json=body), 400, "context_length_exceeded")
+        assert error["param"] == "inputs"  # TEI's field
     body["truncate"] = True
     assert post(server, "/embed", json=body).status_code == 200
 
@@ -386,6 +394,11 @@ def test_a_body_not_labelled_json_or_compressed_is_a_415(server: Server) -> None
         ({"model": MINILM_NAME, "input": "x", "pooling": "max"}, "invalid_option"),
         ({"model": MINILM_NAME, "input": "x", "dtype": "int3"}, "invalid_option"),  # loaded
         ({"model": MINILM_NAME, "input": "x", "keep_alive": "9" * 400 + "s"}, "invalid_option"),
+        ({"model": MINILM_NAME, "input": "x", "dimensions": 0}, "invalid_option"),
+        ({"model": MINILM_NAME, "input": "x", "max_seq_len": 0}, "invalid_option"),
+        ({"model": MINILM_NAME, "input": 5}, "invalid_input"),
+        ({"model": MINILM_NAME, "input": "x", "pooling": 5}, "invalid_option"),
+        ({"model": MINILM_NAME, "input": "x", "user": 5}, "invalid_option"),
     ],
 )
 def test_bad_input_is_a_400_with_a_clear_message(
@@ -713,6 +726,14 @@ def test_the_openapi_request_schemas_name_exactly_the_fields_the_server_accepts(
         assert set(schema["properties"]) == fields, path
 
 
+def test_keep_alive_is_read_in_seconds_minutes_and_hours() -> None:
+    from embedx.server.validation import parse_openai
+
+    for given, seconds in ((90, 90.0), ("90", 90.0), ("10m", 600.0), ("1.5h", 5400.0), ("0", 0.0)):
+        body = orjson.dumps({"model": "m", "input": "x", "keep_alive": given})
+        assert parse_openai(body, 10).load.keep_alive_s == seconds, given
+
+
 def test_token_ids_on_tei_are_refused_without_the_openai_clients_hint() -> None:
     from embedx.errors import TokenInputNotSupported
     from embedx.server.validation import parse_openai, parse_tei
@@ -904,17 +925,22 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(
 ) -> None:
     with running_server(tmp_path, preload=MINILM_NAME) as stopping:
         results: list[httpx.Response] = []
-        body = {"model": MINILM_NAME, "input": reference_texts[:200]}
+        texts = (reference_texts * 3)[:600]  # seconds of work on this CPU
+        body = {"model": MINILM_NAME, "input": texts}
         worker = threading.Thread(
             target=lambda: results.append(post(stopping, "/v1/embeddings", json=body))
         )
         worker.start()
         time.sleep(0.5)
         stopping.process.send_signal(signal.SIGTERM)
+        while httpx.get(stopping.url + "/health").status_code != 503:  # draining
+            time.sleep(0.02)
+        late = post(stopping, "/v1/embeddings", json={"model": MINILM_NAME, "input": "x"})
+        assert_envelope(late, 503, "shutting_down")  # refused, while the one in flight runs
         worker.join()
         assert stopping.process.wait(60) == 0
         assert results[0].status_code == 200
-        assert len(results[0].json()["data"]) == 200
+        assert len(results[0].json()["data"]) == 600
         assert "draining" in stopping.output()
 
 
