@@ -151,22 +151,26 @@ def test_ctrl_c_during_an_embed_ends_it_with_one_line_and_exit_130() -> None:
         # a shell's background job starts with SIGINT ignored, and Python keeps that
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    assert embedding.stdin is not None
-    assert embedding.stderr is not None
-    embedding.stdin.write(texts)
-    embedding.stdin.close()
-    # Once it loads the tokenizer, it runs embedx's own code, which handles the signal
-    # (then the texts: minutes of work on two cores); before, Python may still be importing.
-    maps = Path(f"/proc/{embedding.pid}/maps")
-    deadline = time.monotonic() + 120
-    while "/tokenizers/tokenizers" not in maps.read_text():  # its extension module
-        assert embedding.poll() is None, embedding.stderr.read()
-        assert time.monotonic() < deadline, "it never loaded its tokenizer"
-        time.sleep(0.2)
-    time.sleep(8)  # past the model's load: embedding
-    embedding.send_signal(signal.SIGINT)
-    assert embedding.wait(timeout=60) == 130
-    assert embedding.stderr.read().strip() == "embedx: interrupted"
+    try:
+        assert embedding.stdin is not None
+        assert embedding.stderr is not None
+        embedding.stdin.write(texts)
+        embedding.stdin.close()
+        # Once it loads the tokenizer, it runs embedx's own code, which handles the signal
+        # (then the texts: minutes of work on two cores); before, Python may still be importing.
+        maps = Path(f"/proc/{embedding.pid}/maps")
+        deadline = time.monotonic() + 120
+        while "/tokenizers/tokenizers" not in maps.read_text():  # its extension module
+            assert embedding.poll() is None, embedding.stderr.read()
+            assert time.monotonic() < deadline, "it never loaded its tokenizer"
+            time.sleep(0.2)
+        time.sleep(8)  # past the model's load: embedding
+        embedding.send_signal(signal.SIGINT)
+        assert embedding.wait(timeout=60) == 130
+        assert embedding.stderr.read().strip() == "embedx: interrupted"
+    finally:  # failed, it would embed on for minutes beside the rest of the suite
+        embedding.kill()
+        embedding.wait()
 
 
 def test_embed_takes_texts_after_its_flags_and_refuses_unknown_flags() -> None:

@@ -584,6 +584,30 @@ async def test_a_model_that_fits_nowhere_unloads_idle_models_until_it_does(
     await models.drain(5)
 
 
+async def test_making_room_unloads_the_least_recently_used_idle_model_first(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedx.errors import NoDeviceFits
+
+    models = registry(tiny_models, max_loaded_models=4)
+    load = Engine.load
+
+    async def two_models_a_device(spec: ModelSpec, *args: Any) -> Engine:
+        if sum(r.engine is not None for r in models._models.values()) >= 2:
+            raise NoDeviceFits(f"model {spec.name!r} fits on no device (injected)")
+        return await load(spec, *args)
+
+    monkeypatch.setattr(Engine, "load", two_models_a_device)
+    for name in ("bert-base", "bert-large", "bert-base"):  # bert-large is now the older
+        async with models.lease(name):
+            pass
+    async with models.lease("xlm-roberta-large"):
+        pass
+    assert {r.spec.name for r in models.residents()} == {"bert-base", "xlm-roberta-large"}
+    assert models.evictions == 1
+    await models.drain(5)
+
+
 async def test_a_model_too_large_for_any_device_unloads_nothing(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -71,7 +71,12 @@ def running_server(tmp: Path, **settings: object) -> Iterator[Server]:
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
-            process.wait(60)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:  # a stop that hangs fails; it holds no port
+                process.kill()
+                process.wait()
+                raise
 
 
 @pytest.fixture(scope="module")
