@@ -111,6 +111,8 @@ class ModelRegistry:
         self._unloading: set[asyncio.Task[None]] = set()  # evicted engines still closing
         self._preloaded: set[str] = set()  # EMBEDX_PRELOAD's, kept loaded (FOREVER)
         self._failed: dict[str, FailedLoad] = {}
+        # models kept for the server's life whose last load failed, with why
+        self._failing: dict[str, str] = {}
         self.load_seconds = Histogram(LOAD_BUCKETS_S)
         self.loads = 0
         self.load_failures: Counter[str] = Counter()  # by the error's code
@@ -303,6 +305,14 @@ class ModelRegistry:
                 del self._models[spec.name]
             if isinstance(exc, EmbedxError) and not isinstance(exc, ShuttingDown):
                 self.load_failures[exc.code] += 1
+                log.error("loading %s failed: %s", spec.name, exc.message)
+                if self._kept_loaded(spec.name) and not self._closing:
+                    # the server was started to serve it: it tries again with no request
+                    # waiting, and /health fails until it loads
+                    self._failing[spec.name] = exc.message
+                    asyncio.get_running_loop().call_later(
+                        FAILED_LOAD_MEMORY_S, self._load_again, spec.name
+                    )
             # Not remembered: a request's own options, memory that others' models held (freed
             # as they finish or idle out), and embedx's own bugs: none is the model's fault.
             remembered = not isinstance(exc, ShuttingDown | InvalidOption | NoDeviceFits | Bug)
@@ -311,20 +321,13 @@ class ModelRegistry:
                 self._failed = {  # the expired go, so that many names keep no memory
                     name: failed
                     for name, failed in self._failed.items()
-                    if now - failed.at < FAILED_LOAD_MEMORY_S or self._kept_loaded(name)
+                    if now - failed.at < FAILED_LOAD_MEMORY_S
                 }
                 self._failed[spec.name] = FailedLoad(now, type(exc), exc.message, exc.param)
-                log.error("loading %s failed: %s", spec.name, exc.message)
-                if self._kept_loaded(spec.name) and not self._closing:
-                    # the server was started to serve it: it tries again with no request
-                    # waiting, and /health fails until it loads
-                    asyncio.get_running_loop().call_later(
-                        FAILED_LOAD_MEMORY_S, self._load_again, spec.name
-                    )
             raise
         self.load_seconds.observe(seconds)
         self.loads += 1
-        self._failed.pop(spec.name, None)
+        self._failing.pop(spec.name, None)
         resident.engine = engine
         log.info("loaded %s in %.1f s", spec.name, seconds)
         self._settle_unused(resident)  # every request that waited for it may have left
@@ -497,9 +500,7 @@ class ModelRegistry:
     def failing(self) -> list[str]:
         """Models kept for the server's life whose last load failed: until each loads again,
         the server cannot serve what it was started to serve."""
-        return sorted(
-            name for name in self._preloaded if self._kept_loaded(name) and name in self._failed
-        )
+        return sorted(self._failing)
 
     def degraded(self) -> list[str]:
         """Devices quarantined by any resident model, as 'model: device (reason)', and
@@ -507,9 +508,11 @@ class ModelRegistry:
         found = []
         for name in sorted(self._preloaded - set(self._models)):
             failed = self._failed.get(name)
-            if failed is None and self.catalog[name].keep_alive_s is not None:
+            if failed is None and not self._kept_loaded(name):
                 continue  # its entry lets it idle out or be evicted: unloaded as asked
-            why = failed.message if failed else "its devices failed; it loads again"
+            why = self._failing.get(name) or (
+                failed.message if failed else "its devices failed; it loads again"
+            )
             found.append(f"{name}: preloaded, but not loaded ({why})")
         for resident in self._models.values():
             if resident.engine is None:

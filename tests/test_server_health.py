@@ -16,7 +16,7 @@ from embedx import registry as registry_module
 from embedx.config import load_settings
 from embedx.devices import CpuAccelerator
 from embedx.engine import Engine
-from embedx.errors import ModelUnavailable
+from embedx.errors import EmbedxError, ModelUnavailable, NoDeviceFits
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
 from embedx.registry import ModelRegistry
@@ -112,8 +112,20 @@ async def test_a_preloaded_model_whose_every_device_failed_loads_again_by_itself
     await registry.drain(5)
 
 
+@pytest.mark.parametrize(
+    ("lost", "code"),
+    [
+        (ModelUnavailable("the device is gone (injected)"), "model_unavailable"),
+        # not remembered for requests (others' memory frees), yet the model is not served
+        (NoDeviceFits("the device is full (injected)"), "no_device_fits"),
+    ],
+)
 async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_does(
-    minilm_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    minilm_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    lost: EmbedxError,
+    code: str,
 ) -> None:
     """A fault that outlives the model (a CUDA context broken for good) leaves the server
     unable to serve what it was started for: /health says so with a 503, which orchestrators
@@ -130,7 +142,7 @@ async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_do
 
     async def load(*args: Any) -> Engine:
         if device_lost:
-            raise ModelUnavailable("the device is gone (injected)")
+            raise lost
         return await real_load(*args)
 
     monkeypatch.setattr(Engine, "load", load)
@@ -154,11 +166,11 @@ async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_do
         assert health.json()["failing"] == ["m"]
         metrics = (await client.get("/metrics")).text
         assert "embedx_models_failing 1" in metrics
-        assert 'embedx_model_load_failures_total{code="model_unavailable"}' in metrics
+        assert f'embedx_model_load_failures_total{{code="{code}"}}' in metrics
         # the outage is in a log kept at the warning level: the device out, the load failed
         logged = [(r.levelno, r.getMessage()) for r in caplog.records]
         assert (logging.WARNING, "m: only taken out of service: " + _first_reason(logged)) in logged
-        assert (logging.ERROR, "loading m failed: the device is gone (injected)") in logged
+        assert (logging.ERROR, f"loading m failed: {lost.message}") in logged
         device_lost = False  # the next try, 0.3 s on, loads it
         await _until_loaded(registry, "m")
         health = await client.get("/health")
