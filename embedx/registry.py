@@ -303,9 +303,11 @@ class ModelRegistry:
         except BaseException as exc:
             if self._models.get(spec.name) is resident:
                 del self._models[spec.name]
-            if isinstance(exc, EmbedxError) and not isinstance(exc, ShuttingDown):
+            # a request's own options (a max_seq_len past the model's) are its client's error
+            if isinstance(exc, EmbedxError) and not isinstance(exc, ShuttingDown | InvalidOption):
                 self.load_failures[exc.code] += 1
-                log.error("loading %s failed: %s", spec.name, exc.message)
+                level = logging.ERROR if exc.status >= 500 else logging.WARNING  # files: 4xx
+                log.log(level, "loading %s failed: %s", spec.name, exc.message)
                 if self._kept_loaded(spec.name) and not self._closing:
                     # the server was started to serve it: it tries again with no request
                     # waiting, and /health fails until it loads
