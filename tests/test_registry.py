@@ -560,20 +560,27 @@ async def test_a_name_the_hub_could_not_be_asked_about_says_so_beside_asking_for
     assert caught.value.message.endswith(f"did you mean {MINILM_NAME!r}?")
 
 
+def _device_holds(models: ModelRegistry, count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one device fits `count` models: a load beside that many finds no room."""
+    from embedx.errors import NoDeviceFits
+
+    load = Engine.load
+
+    async def limited(spec: ModelSpec, *args: Any) -> Engine:
+        if sum(r.engine is not None for r in models._models.values()) >= count:
+            raise NoDeviceFits(f"model {spec.name!r} fits on no device (injected)")
+        return await load(spec, *args)
+
+    monkeypatch.setattr(Engine, "load", limited)
+
+
 async def test_a_model_that_fits_nowhere_unloads_idle_models_until_it_does(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from embedx.errors import NoDeviceFits
 
     models = registry(tiny_models, max_loaded_models=3)
-    load = Engine.load
-
-    async def one_model_a_device(spec: ModelSpec, *args: Any) -> Engine:
-        if any(r.engine is not None for r in models._models.values()):  # the device is full
-            raise NoDeviceFits(f"model {spec.name!r} fits on no device (injected)")
-        return await load(spec, *args)
-
-    monkeypatch.setattr(Engine, "load", one_model_a_device)
+    _device_holds(models, 1, monkeypatch)
     async with models.lease("bert-base"):
         with pytest.raises(NoDeviceFits):  # in use: not unloaded to make room
             await models.lease("bert-large").__aenter__()
@@ -587,17 +594,9 @@ async def test_a_model_that_fits_nowhere_unloads_idle_models_until_it_does(
 async def test_making_room_unloads_the_least_recently_used_idle_model_first(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from embedx.errors import NoDeviceFits
 
     models = registry(tiny_models, max_loaded_models=4)
-    load = Engine.load
-
-    async def two_models_a_device(spec: ModelSpec, *args: Any) -> Engine:
-        if sum(r.engine is not None for r in models._models.values()) >= 2:
-            raise NoDeviceFits(f"model {spec.name!r} fits on no device (injected)")
-        return await load(spec, *args)
-
-    monkeypatch.setattr(Engine, "load", two_models_a_device)
+    _device_holds(models, 2, monkeypatch)
     for name in ("bert-base", "bert-large", "bert-base"):  # bert-large is now the older
         async with models.lease(name):
             pass

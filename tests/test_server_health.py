@@ -22,6 +22,7 @@ from embedx.models.pooling import Pooling
 from embedx.registry import ModelRegistry
 from embedx.server import app as app_module
 from embedx.server.app import create_app
+from embedx.server.edge import Edge
 from tests.conftest import SlowForward, cpu_info
 
 pytestmark = pytest.mark.anyio
@@ -73,17 +74,9 @@ async def test_a_preloaded_model_whose_every_device_failed_loads_again_by_itself
     """A passing fault (a transient driver error, say) must not leave the model refusing
     every request until the server restarts, nor a preloaded one unloaded until a request
     comes."""
-    settings = load_settings({}, environ={})
-    catalog = load_catalog(None)
-    catalog["m"] = ModelSpec(name="m", source=str(minilm_dir), pooling=Pooling.MEAN)
-    registry = ModelRegistry(settings, catalog, [cpu_info("only")], CpuAccelerator)
-    app = create_app(settings, registry)
-    await registry.preload(["m"])
+    registry, app = await _preloaded_on_one_device(minilm_dir)
     async with registry.lease("m") as engine:
-        for replica in engine.replicas:
-            replica.model.forward = SlowForward(  # type: ignore[method-assign]
-                replica.model.forward, fail=lambda b, n: RuntimeError("Xid 79 (injected)")
-            )
+        _break_every_device(engine)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
         body = {"model": "m", "input": ["a text", "another"]}
@@ -100,10 +93,7 @@ async def test_a_preloaded_model_whose_every_device_failed_loads_again_by_itself
         # under steady traffic too: a request still holding the broken engine does not
         # keep the next one from loading it afresh
         async with registry.lease("m") as engine:
-            for replica in engine.replicas:
-                replica.model.forward = SlowForward(  # type: ignore[method-assign]
-                    replica.model.forward, fail=lambda b, n: RuntimeError("Xid 79 (injected)")
-                )
+            _break_every_device(engine)
             failed = await client.post("/v1/embeddings", json=body)
             assert failed.status_code == 503
             served = await client.post("/v1/embeddings", json=body)
@@ -131,12 +121,7 @@ async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_do
     unable to serve what it was started for: /health says so with a 503, which orchestrators
     act on, and the server keeps trying to load it."""
     monkeypatch.setattr(registry_module, "FAILED_LOAD_MEMORY_S", 0.3)
-    settings = load_settings({}, environ={})
-    catalog = load_catalog(None)
-    catalog["m"] = ModelSpec(name="m", source=str(minilm_dir), pooling=Pooling.MEAN)
-    registry = ModelRegistry(settings, catalog, [cpu_info("only")], CpuAccelerator)
-    app = create_app(settings, registry)
-    await registry.preload(["m"])
+    registry, app = await _preloaded_on_one_device(minilm_dir)
     device_lost = True
     real_load = Engine.load
 
@@ -147,10 +132,7 @@ async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_do
 
     monkeypatch.setattr(Engine, "load", load)
     async with registry.lease("m") as engine:
-        for replica in engine.replicas:
-            replica.model.forward = SlowForward(  # type: ignore[method-assign]
-                replica.model.forward, fail=lambda b, n: RuntimeError("Xid 79 (injected)")
-            )
+        _break_every_device(engine)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
         body = {"model": "m", "input": ["a text"]}
@@ -179,6 +161,25 @@ async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_do
         assert "embedx_models_failing 0" in (await client.get("/metrics")).text
         assert (await client.post("/v1/embeddings", json=body)).status_code == 200
     await registry.drain(5)
+
+
+async def _preloaded_on_one_device(minilm_dir: Path) -> tuple[ModelRegistry, Edge]:
+    """The real app, its registry holding MiniLM as `m`, preloaded on one fake CPU device."""
+    settings = load_settings({}, environ={})
+    catalog = load_catalog(None)
+    catalog["m"] = ModelSpec(name="m", source=str(minilm_dir), pooling=Pooling.MEAN)
+    registry = ModelRegistry(settings, catalog, [cpu_info("only")], CpuAccelerator)
+    app = create_app(settings, registry)
+    await registry.preload(["m"])
+    return registry, app
+
+
+def _break_every_device(engine: Engine) -> None:
+    """Every batch of the engine fails from now on, as after a GPU's Xid error."""
+    for replica in engine.replicas:
+        replica.model.forward = SlowForward(  # type: ignore[method-assign]
+            replica.model.forward, fail=lambda b, n: RuntimeError("Xid 79 (injected)")
+        )
 
 
 def _first_reason(logged: list[tuple[int, str]]) -> str:
