@@ -417,8 +417,9 @@ class ModelRegistry:
             return
         try:
             resident = self._reserve(self.spec_for(name, LoadRequest()))
-        except EmbedxError as exc:  # every slot is held by a model in use: a request retries
+        except EmbedxError as exc:  # every slot is held by a model in use: later, then
             log.warning("%s cannot load again now: %s", name, exc.message)
+            asyncio.get_running_loop().call_later(FAILED_LOAD_MEMORY_S, self._load_again, name)
             return
         assert resident.task is not None
         resident.task.add_done_callback(_seen)  # a failure is logged and tried again

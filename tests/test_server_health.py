@@ -16,7 +16,13 @@ from embedx import registry as registry_module
 from embedx.config import load_settings
 from embedx.devices import CpuAccelerator
 from embedx.engine import Engine
-from embedx.errors import EmbedxError, ModelUnavailable, NoDeviceFits
+from embedx.errors import (
+    EmbedxError,
+    ModelsBusy,
+    ModelUnavailable,
+    NoDeviceAvailable,
+    NoDeviceFits,
+)
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
 from embedx.registry import ModelRegistry
@@ -160,6 +166,33 @@ async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_do
         assert health.json()["status"] == "ok"
         assert "embedx_models_failing 0" in (await client.get("/metrics")).text
         assert (await client.post("/v1/embeddings", json=body)).status_code == 200
+    await registry.drain(5)
+
+
+async def test_a_preloaded_model_with_no_slot_free_to_load_again_tries_later(
+    minilm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every slot held by models in use when it lost its devices: it is tried again, not
+    left unloaded until a request happens to come."""
+    monkeypatch.setattr(registry_module, "FAILED_LOAD_MEMORY_S", 0.2)
+    registry, _ = await _preloaded_on_one_device(minilm_dir)
+    reserve = registry._reserve
+    refusals = 0
+
+    def busy_once(spec: ModelSpec) -> Any:
+        nonlocal refusals
+        if refusals == 0:
+            refusals += 1
+            raise ModelsBusy("every slot holds a model in use (injected)")
+        return reserve(spec)
+
+    monkeypatch.setattr(registry, "_reserve", busy_once)
+    async with registry.lease("m") as engine:
+        _break_every_device(engine)
+        with pytest.raises(NoDeviceAvailable):
+            await engine.embed(["a text"])
+    await _until_loaded(registry, "m")  # refused once, loaded on the next try
+    assert refusals == 1
     await registry.drain(5)
 
 
