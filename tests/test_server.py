@@ -808,13 +808,22 @@ def test_a_model_that_fails_to_preload_stops_the_server(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr, done.stderr
 
 
+def until_embedding(server: Server) -> None:
+    """Wait (60 s at most) until a request holds a slot: admitted, its texts embedding. A
+    fixed sleep, on a busy two-core machine, could signal before the request arrived."""
+    deadline = time.monotonic() + 60
+    while httpx.get(server.url + "/info").json()["requests"]["running"] < 1:
+        assert time.monotonic() < deadline, "no request started embedding"
+        time.sleep(0.02)
+
+
 @contextlib.contextmanager
 def kept_busy(server: Server, texts: list[str]) -> Iterator[None]:
-    """A long MiniLM request running (for half a second already) while the block runs."""
+    """A long MiniLM request running (admitted, embedding) while the block runs."""
     body = {"model": MINILM_NAME, "input": texts}
     slow = threading.Thread(target=post, args=(server, "/v1/embeddings"), kwargs={"json": body})
     slow.start()
-    time.sleep(0.5)
+    until_embedding(server)
     try:
         yield
     finally:
@@ -936,7 +945,7 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(
             target=lambda: results.append(post(stopping, "/v1/embeddings", json=body))
         )
         worker.start()
-        time.sleep(0.5)
+        until_embedding(stopping)
         stopping.process.send_signal(signal.SIGTERM)
         while httpx.get(stopping.url + "/health").status_code != 503:  # draining
             time.sleep(0.02)
@@ -972,7 +981,7 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path, reference_texts:
             target=lambda: results.append(post(stopping, "/v1/embeddings", json=body))
         )
         worker.start()
-        time.sleep(0.5)
+        until_embedding(stopping)
         stopping.process.send_signal(signal.SIGINT)
         time.sleep(0.5)
         stopping.process.send_signal(signal.SIGINT)
