@@ -14,7 +14,7 @@ import numpy as np
 
 from embedx.config import Settings, load_settings
 from embedx.engine import EmbedOptions, Engine
-from embedx.errors import InvalidInput, InvalidOption, ModelNotFound, PoolingRequired, ShuttingDown
+from embedx.errors import InvalidInput, InvalidOption, PoolingRequired, ShuttingDown
 
 T = TypeVar("T")
 SIGNAL_CHECK_S = 0.1
@@ -68,7 +68,7 @@ class Embedder:
     ) -> Engine:
         from embedx.devices import discover, open_accelerator
         from embedx.models.catalog import load_catalog
-        from embedx.models.source import check_exists, resolve
+        from embedx.models.source import resolve
         from embedx.registry import LoadRequest, ModelRegistry
 
         devices = discover(self.settings)
@@ -77,11 +77,7 @@ class Embedder:
         )
         spec = registry.spec_for(model, LoadRequest(pooling, dtype, max_seq_len))
         if spec.pooling is None:
-            try:
-                check_exists(spec.source, spec.revision)
-            except ModelNotFound as exc:  # a wrong name: the catalog's, without its owner?
-                hint = registry.did_you_mean(model)
-                raise ModelNotFound(exc.message + hint, param=exc.param) from None
+            registry.look_up(model, spec)  # a wrong name is ModelNotFound, with a hint
             raise PoolingRequired(
                 f"say how {model!r} pools: Embedder({model!r}, pooling='mean' | 'cls' | "
                 "'last_token'). embedx never guesses pooling",

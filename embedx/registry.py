@@ -150,7 +150,16 @@ class ModelRegistry:
             else request.keep_alive_s,
         )
 
-    def did_you_mean(self, name: str) -> str:
+    def look_up(self, name: str, spec: ModelSpec) -> bool:
+        """Whether the model `spec` (for the name `name`) exists, False where the hub could
+        not be asked (blocking: it may). One found nowhere is ModelNotFound, ending with the
+        catalog name it may have meant."""
+        try:
+            return check_exists(spec.source, spec.revision)
+        except ModelNotFound as exc:
+            raise ModelNotFound(exc.message + self._did_you_mean(name), param=exc.param) from None
+
+    def _did_you_mean(self, name: str) -> str:
         """A catalog name the request may have meant (the same model without its owner, or
         a near spelling), as the end of a message."""
         tail = name.rsplit("/", 1)[-1].lower()
@@ -190,14 +199,9 @@ class ModelRegistry:
                 # to state how a model that does not exist pools, nor a reason to evict one
                 # that does. (Below the cap nothing is evicted: its load finds out, and the
                 # first requests are not held up by a lookup.)
-                try:
-                    found = await asyncio.to_thread(check_exists, spec.source, spec.revision)
-                except ModelNotFound as exc:
-                    raise ModelNotFound(
-                        exc.message + self.did_you_mean(name), param=exc.param
-                    ) from None
+                found = await asyncio.to_thread(self.look_up, name, spec)
                 if spec.pooling is None:
-                    hint = self.did_you_mean(name)
+                    hint = self._did_you_mean(name)
                     unchecked = (
                         ""
                         if found
