@@ -316,9 +316,7 @@ class ModelRegistry:
                     # the server was started to serve it: it tries again with no request
                     # waiting, and /health fails until it loads
                     self._failing[spec.name] = exc.message
-                    asyncio.get_running_loop().call_later(
-                        FAILED_LOAD_MEMORY_S, self._load_again, spec.name
-                    )
+                    self._load_again_later(spec.name)
             # Not remembered: a request's own options, memory that others' models held (freed
             # as they finish or idle out), and embedx's own bugs: none is the model's fault.
             remembered = not isinstance(exc, ShuttingDown | InvalidOption | NoDeviceFits | Bug)
@@ -423,10 +421,13 @@ class ModelRegistry:
             resident = self._reserve(self.spec_for(name, LoadRequest()))
         except EmbedxError as exc:  # every slot is held by a model in use: later, then
             log.warning("%s cannot load again now: %s", name, exc.message)
-            asyncio.get_running_loop().call_later(FAILED_LOAD_MEMORY_S, self._load_again, name)
+            self._load_again_later(name)
             return
         assert resident.task is not None
         resident.task.add_done_callback(_seen)  # a failure is logged and tried again
+
+    def _load_again_later(self, name: str) -> None:
+        asyncio.get_running_loop().call_later(FAILED_LOAD_MEMORY_S, self._load_again, name)
 
     def _expire(self, resident: Resident) -> None:
         resident.timer = None
