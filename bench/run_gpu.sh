@@ -83,9 +83,10 @@ load)
   printf '[models."sentence-transformers/all-MiniLM-L6-v2"]\nsource = "%s"\npooling = "mean"\nmax_seq_len = 256\n' \
     "$(cd .. && pwd)/.carry/minilm-fp16" > /tmp/models.toml
   export EMBEDX_MODELS_FILE=/tmp/models.toml
-  # Each run is DECODING:CLIENTS:CORES. Decoding: the SDK's default (it asks for base64 and
-  # makes Python floats of every row), or raw-base64 (clients ask for base64 themselves and
-  # decode with numpy). Cores: the library and the server get SERVER_CORES (0-15) either
+  # Each run is DECODING:CLIENTS:CORES. Decoding: sdk, the SDK's default (it asks for base64
+  # and makes Python floats of every row); raw-base64 (clients ask for base64 themselves and
+  # decode with numpy); raw-body (clients also read the JSON themselves: no SDK objects, half
+  # the clients' CPU a request). Cores: the library and the server get SERVER_CORES (0-15) either
   # way; "split" puts the clients on CLIENT_CORES (16-31), as clients on other machines
   # would be (the default needs 32 cores: the two-GPU machine, with CUDA_VISIBLE_DEVICES=0;
   # on one H200's 16, say SERVER_CORES=0-11 CLIENT_CORES=12-15), in two processes a core:
@@ -101,7 +102,8 @@ load)
     flags="--server-cores ${SERVER_CORES:-0-15}"
     model=${LOAD_MODEL:-minilm}
     [ "$model" != minilm ] && flags="$flags --model $model"
-    [ $decoding = raw-base64 ] && flags="$flags --raw-base64"
+    [ $decoding = raw-base64 ] && flags="$flags --decoding numpy"
+    [ $decoding = raw-body ] && flags="$flags --decoding body"
     client_cores=${CLIENT_CORES:-16-31}
     [ $placement = split ] && flags="$flags --client-cores $client_cores --client-processes $((2 * $(taskset -c $client_cores nproc)))"
     name=load-$model-$decoding-$clients-$placement

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = str(ROOT / "tests" / "data" / "lee50.jsonl")
 
@@ -58,9 +60,12 @@ def test_throughput_measures_every_method(tmp_path: Path) -> None:
     assert result["accuracy_vs_float32"]["min_cosine"] > 0.999
 
 
-def test_load_measures_server_and_library(tmp_path: Path) -> None:
+@pytest.mark.parametrize("decoding", ["sdk", "body"])
+def test_load_measures_server_and_library(tmp_path: Path, decoding: str) -> None:
     result = _bench(
         "load.py",
+        "--decoding",
+        decoding,
         "--model",
         "bert-base",
         "--tiny",
@@ -81,3 +86,4 @@ def test_load_measures_server_and_library(tmp_path: Path) -> None:
     # both embedded the same texts: 8 requests of 16
     assert result["server"]["tokens"] == result["library"]["tokens"] > 0
     assert result["server_vs_library"] > 0
+    assert result["decoded_by"].startswith({"sdk": "the SDK", "body": "orjson"}[decoding])
