@@ -86,8 +86,8 @@ load)
   # Each run is DECODING:CLIENTS:CORES. Decoding: sdk, the SDK's default (it asks for base64
   # and makes Python floats of every row); raw-base64 (clients ask for base64 themselves and
   # decode with numpy); raw-body (clients also read the JSON themselves: no SDK objects, half
-  # the clients' CPU a request). Cores: the library and the server get SERVER_CORES (0-15) either
-  # way; "split" puts the clients on CLIENT_CORES (16-31), as clients on other machines
+  # the clients' CPU a request). Cores: the library and the server get SERVER_CORES (0-15)
+  # either way; "split" puts the clients on CLIENT_CORES (16-31), as clients on other machines
   # would be (the default needs 32 cores: the two-GPU machine, with CUDA_VISIBLE_DEVICES=0;
   # on one H200's 16, say SERVER_CORES=0-11 CLIENT_CORES=12-15), in two processes a core:
   # with one, on 4 cores, each process's decoding held up its own clients' next requests
