@@ -13,6 +13,14 @@ from tests.conftest import MINILM_NAME
 from tests.test_server import running_server
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
+# Run after the snippet that reads the body by hand: its rows are the ones the SDK makes
+# floats of.
+SAME_ROWS_AS_THE_SDK = """
+floats = client.embeddings.create(
+    model="sentence-transformers/all-MiniLM-L6-v2", input=["The quick brown fox", "A lazy dog"]
+)
+assert (vectors == [row.embedding for row in floats.data]).all()
+"""
 
 
 def blocks(language: str) -> list[str]:
@@ -30,7 +38,7 @@ def test_the_library_example_runs_as_written() -> None:
 
 def test_the_curl_and_sdk_snippets_return_real_vectors(tmp_path: Path) -> None:
     curl = next(b for b in blocks("sh") if b.startswith("curl"))
-    sdk = next(b for b in blocks("python") if "from openai import OpenAI" in b)
+    sdk, raw = (b for b in blocks("python") if "from openai import OpenAI" in b)
     with running_server(tmp_path, preload=MINILM_NAME) as server:
         port = server.url.rsplit(":", 1)[1]
         done = subprocess.run(
@@ -39,11 +47,13 @@ def test_the_curl_and_sdk_snippets_return_real_vectors(tmp_path: Path) -> None:
         if "not found" in done.stderr:
             pytest.skip("curl is not installed")
         assert '"object":"embedding"' in done.stdout
-        sdk_run = subprocess.run(
-            [sys.executable, "-c", sdk.replace("8477", port)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        sdk_run = run_python(sdk.replace("8477", port))
+        raw_run = run_python(raw.replace("8477", port) + SAME_ROWS_AS_THE_SDK)
     assert sdk_run.returncode == 0, sdk_run.stderr
     assert sdk_run.stdout.strip() == "2 384"
+    assert raw_run.returncode == 0, raw_run.stderr
+    assert raw_run.stdout.strip() == "(2, 384)"
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
