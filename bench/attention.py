@@ -91,7 +91,8 @@ def main() -> None:
                 reference = out
             diff = (out.float() - reference.float()).abs().max().item()
             result["max_abs_diff_vs_flash2"][key] = diff
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
             for _ in range(args.repeat):
                 kernel(q, k, v, cu, longest, causal, scale)

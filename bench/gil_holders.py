@@ -28,11 +28,11 @@ def main() -> None:
     frames: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     with open(args.stacks) as lines:
         for line in filter(str.strip, lines):
-            stack, count = line.rstrip().rsplit(" ", 1)
+            stack, samples = line.rstrip().rsplit(" ", 1)
             thread, *calls = stack.split(";")
             name = re.sub(r"^thread \(\d+\):? ?", "", thread.strip()) or "unnamed"
-            threads[name] += int(count)
-            frames[name][re.sub(r"\(.*/", "(", calls[-1]) if calls else "?"] += int(count)
+            threads[name] += int(samples)
+            frames[name][re.sub(r"\(.*/", "(", calls[-1]) if calls else "?"] += int(samples)
     possible = SPY_RATE * args.seconds
     print(f"the lock held {sum(threads.values()) / possible:.0%} of {args.seconds:.1f} s")
     for name, count in threads.most_common():

@@ -24,9 +24,10 @@ def timed(fn: Any, repeat: int = 10) -> float:
 
     for _ in range(3):
         fn()
-    times = []
+    times: list[float] = []
     for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
         fn()
         end.record()
@@ -72,8 +73,8 @@ def measure(shape: str, workdir: Path, lengths: list[int], tokens: int) -> dict[
     encoder: Any = model.encoder
     rows: dict[str, Any] = {}
     for length in lengths:
-        row = np.arange(1000, 1000 + length, dtype=np.int32)
-        host = pack([row] * (tokens // length))
+        ids = np.arange(1000, 1000 + length, dtype=np.int32)
+        host = pack([ids] * (tokens // length))
         batch = to_device(host, device)
         row = {"as_loaded": timed(lambda batch=batch: model.forward(batch))}
         if getattr(encoder, "fused_gelu", False):

@@ -61,7 +61,7 @@ def launch_steps(replica: Any, host: Any, slot: int) -> dict[str, float]:
 
     stream = replica.accelerator.stream
     with torch.cuda.device(replica.accelerator.device), torch.cuda.stream(stream):
-        torch.cuda._sleep(BUSY_CYCLES)
+        torch.cuda._sleep(BUSY_CYCLES)  # type: ignore[no-untyped-call]
         marks = [time.perf_counter()]
         batch = to_device(host, replica.accelerator.device)
         marks.append(time.perf_counter())

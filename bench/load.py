@@ -197,7 +197,7 @@ async def client_process(
             answered = time.perf_counter()
             if decoding == "body":
                 body = orjson.loads(raw.http_response.content)
-                rows = [np.frombuffer(base64.b64decode(d["embedding"]), np.float32)
+                rows: list[Any] = [np.frombuffer(base64.b64decode(d["embedding"]), np.float32)
                         for d in body["data"]]  # fmt: skip
                 used = body["usage"]["total_tokens"]
             else:
@@ -433,7 +433,7 @@ def _counter_change(
             change[name] = {
                 "batches": batches,
                 "mean_batch_tokens": round(tokens / max(1, batches)),
-                **launch_figures(now["launching_s"] - was["launching_s"], batches, seconds),
+                **launch_figures(now["launching_s"] - was["launching_s"], int(batches), seconds),
             }
         change[name]["busy_fraction"] = round((now["busy_s"] - was["busy_s"]) / seconds, 3)
     return change

@@ -178,7 +178,7 @@ async def measure(
     if args.static:
         scores = {d.key: d.score for d in discover(load_settings({"devices": args.devices}))}
         # the first device's engine is `alone`: loading takes longer than the runs do
-        engines = [alone] + [
+        split_engines = [alone] + [
             await open_engine(directory, pooling, length, k, args.max_batch_tokens)
             for k in keys[1:]
         ]
@@ -186,14 +186,14 @@ async def measure(
         splits = {"even": [1.0] * len(keys), "by_score": [scores[k] for k in keys]}
         if len(keys) == 2:
             splits.update({str(share): [share, 1 - share] for share in args.oracle_grid})
-        timed = await static_splits(engines, texts, splits, lengths, args.runs)
+        timed = await static_splits(split_engines, texts, splits, lengths, args.runs)
         static: dict[str, Any] = {"even": timed["even"], "by_score": timed["by_score"]}
         if len(keys) == 2:
             trials = {share: timed[str(share)] for share in args.oracle_grid}
             best = min(trials, key=lambda s: trials[s]["makespan_s"])
             static["best_in_hindsight"] = trials[best]
             static["search"] = {str(k): round(v["makespan_s"], 4) for k, v in trials.items()}
-        for engine in engines[1:]:
+        for engine in split_engines[1:]:
             await engine.close()
         result["static"] = static
         best = static.get("best_in_hindsight", static["even"])["makespan_s"]

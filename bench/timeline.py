@@ -51,7 +51,8 @@ def instrument(engine: Any, record: Recorder) -> None:
         record.add("queued", tokens=sum(i.length for i in items), pending=queue.pending_tokens)
 
     def traced_tail(device: Any, end: Any) -> int | None:
-        asked[device.name] = target = tail(device, end)
+        target: int | None = tail(device, end)
+        asked[device.name] = target
         return target
 
     def traced_claim(device: Any) -> Any:

@@ -23,6 +23,7 @@ import asyncio
 import random
 import statistics
 import time
+from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
@@ -84,12 +85,12 @@ def main() -> None:
         for future in pending:
             tokenizer._gather(await future, truncate=True, offset=0)
 
-    variants = {
-        "sequential_chunk_1024": lambda: sequential(FIRST_CHUNK),
-        "sequential_chunk_4096": lambda: sequential(4096),
-        "sequential_chunk_8192": lambda: sequential(8192),
+    variants: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+        "sequential_chunk_1024": partial(sequential, FIRST_CHUNK),
+        "sequential_chunk_4096": partial(sequential, 4096),
+        "sequential_chunk_8192": partial(sequential, 8192),
         "pipelined": pipelined,
-        "concurrent_4_chunk_4096": lambda: concurrent(4096, 4),
+        "concurrent_4_chunk_4096": partial(concurrent, 4096, 4),
     }
     for name, variant in variants.items():
         best = float("inf")
