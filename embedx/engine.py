@@ -425,7 +425,7 @@ class Engine:
                 spec.pooling.value,
                 files.st_pooling,
             )
-        if not files.st_pools_prompt and (spec.prompts or options.wrapping):
+        if not files.st_pools_prompt and (spec.prompts or files.st_prompts or options.wrapping):
             log.warning(
                 "model %r's sentence-transformers Pooling module leaves a prompt's tokens out "
                 "of the mean (include_prompt false); embedx pools the whole wrapped text, so "
@@ -640,10 +640,18 @@ class Engine:
             )
 
     def template_for(self, input_type: str | None) -> str | None:
-        """The template a request's texts go through: the catalog prompt for its input type
-        (or the model's default one), else the server-wide wrapping."""
-        prompts = self.spec.prompts
-        chosen = input_type or self.spec.default_input_type
+        """The template a request's texts go through: the prompt for its input type (or the
+        model's default one), else the server-wide wrapping. A catalog entry's prompts
+        replace those of the model's sentence-transformers config, which put their text
+        before the input's, as sentence-transformers does."""
+        if self.spec.prompts:
+            prompts, default = self.spec.prompts, self.spec.default_input_type
+        else:
+            prompts = {name: text + "{text}" for name, text in self.files.st_prompts.items()}
+            if "passage" not in prompts and "document" in prompts:  # Qwen3's, for one
+                prompts["passage"] = prompts["document"]
+            default = self.files.st_default_prompt
+        chosen = input_type or default
         if chosen is not None:
             if chosen not in prompts:
                 known = ", ".join(sorted(prompts)) or "none"
@@ -663,8 +671,10 @@ class Engine:
         texts = texts if isinstance(texts, list | tuple) else list(texts)  # sliced: a deque is not
         check_dimensions(options.dimensions, self.dimensions)
         template = self.template_for(options.input_type)
-        if template is not None:  # checked once: by EngineOptions or the catalog
-            before, after = template.split("{text}")
+        if template is not None:
+            # at the last "{text}": a catalog's template or the wrapping holds one (checked
+            # at start), a sentence-transformers prompt put before it may hold another
+            before, _, after = template.rpartition("{text}")
             texts = [before + text + after for text in texts]
         started = time.monotonic()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -252,3 +252,51 @@ def test_a_batch_timeout_shorter_than_a_load_still_loads(minilm_dir: Path) -> No
     """The load's warm-up batches have no expected time to be held to: at least 60 s."""
     with Embedder(str(minilm_dir), pooling="mean", batch_timeout_s=0.001) as embedder:
         assert embedder.embed(["short deadline"]).shape == (1, 384)
+
+
+def test_prompts_of_a_sentence_transformers_config_are_the_ones_it_applies(
+    minilm_dir: Path, tmp_path: Path
+) -> None:
+    """As sentence-transformers: its default prompt unless one is asked for; `passage` takes
+    a config's `document` prompt where it has none of that name; a prompt's text goes
+    before the input's as it is, braces included."""
+    import json
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    from embedx.errors import InvalidInput, InvalidModel
+
+    directory = tmp_path / "prompted"
+    shutil.copytree(minilm_dir, directory)
+    config = {"prompts": {"query": "query: ", "document": "a {text} passage: "},
+              "default_prompt_name": "query"}  # fmt: skip
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(config))
+    reference = SentenceTransformer(str(directory), device="cpu")
+    texts = ["The quick brown fox", "A lazy dog"]
+    with Embedder(directory, pooling="mean") as embedder:
+        assert np.abs(embedder.embed(texts) - reference.encode(texts)).max() < 1e-5
+        passages = reference.encode(texts, prompt_name="document")
+        assert np.abs(embedder.embed(texts, input_type="passage") - passages).max() < 1e-5
+    catalog = tmp_path / "models.toml"  # a catalog entry's prompts replace the config's
+    catalog.write_text(f'[models.prompted]\nsource = "{directory}"\npooling = "mean"\n'
+                       'prompts = { query = "q: {text}" }\n')  # fmt: skip
+    with Embedder("prompted", models_file=str(catalog)) as embedder:
+        bare = reference.encode(texts, prompt="")  # no default prompt either
+        assert np.abs(embedder.embed(texts) - bare).max() < 1e-5
+        asked = embedder.embed(texts, input_type="query")
+        assert np.array_equal(asked, embedder.embed(["q: " + text for text in texts]))
+    config["prompts"] = {"query": 1}
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidModel, match="prompts must map names to strings"):
+        Embedder(directory, pooling="mean")
+    config = {"prompts": {"query": "q: "}, "default_prompt_name": "classification"}
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidModel, match="'classification' names none of its prompts"):
+        Embedder(directory, pooling="mean")
+    (directory / "config_sentence_transformers.json").write_text('{"prompts": {}}')
+    with (
+        Embedder(directory, pooling="mean") as embedder,
+        pytest.raises(InvalidInput, match="has no prompt for input_type 'query'"),
+    ):
+        embedder.embed(texts, input_type="query")

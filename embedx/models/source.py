@@ -7,7 +7,7 @@ import importlib
 import importlib.util
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,10 @@ class ModelFiles:
     st_pooling: str | None = None  # what its sentence-transformers Pooling module states
     # False where that module leaves a prompt's tokens out of the mean (`include_prompt`)
     st_pools_prompt: bool = True
+    # config_sentence_transformers.json's prompts (name -> the text put before an input), and
+    # the one sentence-transformers puts before every input unless told otherwise
+    st_prompts: dict[str, str] = field(default_factory=dict)
+    st_default_prompt: str | None = None
     origin: str = ""
 
 
@@ -315,6 +319,7 @@ def _inspect(directory: Path, origin: str, revision: str | None) -> ModelFiles:
             )
     st_config = directory / "sentence_bert_config.json"
     st_max = _read_json(st_config).get("max_seq_length") if st_config.is_file() else None
+    st_prompts, st_default_prompt = _st_prompts(directory / "config_sentence_transformers.json")
     return ModelFiles(
         directory=directory,
         weights=weights,
@@ -325,8 +330,30 @@ def _inspect(directory: Path, origin: str, revision: str | None) -> ModelFiles:
         st_max_seq_len=int(st_max) if st_max else None,
         st_pooling=st_pooling,
         st_pools_prompt=pools_prompt,
+        st_prompts=st_prompts,
+        st_default_prompt=st_default_prompt,
         origin=origin,
     )
+
+
+def _st_prompts(path: Path) -> tuple[dict[str, str], str | None]:
+    """The prompts a sentence-transformers config names, and its default one."""
+    if not path.is_file():
+        return {}, None
+    config = _read_json(path)
+    if not isinstance(config, dict):
+        raise InvalidModel(f"{path} is not a JSON object", param="model")
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(name, str) and isinstance(text, str) for name, text in prompts.items()
+    ):
+        raise InvalidModel(f"{path}: prompts must map names to strings", param="model")
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise InvalidModel(
+            f"{path}: default_prompt_name {default!r} names none of its prompts", param="model"
+        )
+    return prompts, default
 
 
 ST_POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",

@@ -24,7 +24,8 @@ _LOAD_FIELDS: dict[str, Any] = {
                    "description": "First load only: idle time before unloading, seconds or "
                                   "a duration like 10m; 0 unloads when the last user leaves."},
     "input_type": {"type": "string", "enum": ["query", "passage"],
-                   "description": "Picks the model's catalog prompt template."},
+                   "description": "Picks the model's prompt: its catalog entry's, else its "
+                                  "sentence-transformers config's."},
 }  # fmt: skip
 _TEXTS = {"oneOf": [{"type": "string", "minLength": 1},
                     {"type": "array", "items": {"type": "string", "minLength": 1},
@@ -82,7 +83,7 @@ _TEI_REQUEST = {
                   "first of EMBEDX_PRELOAD (TEI's clients name no model)."},
         "inputs": _TEXTS,
         "prompt_name": {"enum": ["query", "passage", None],
-                        "description": "The catalog prompt to wrap the texts in."},
+                        "description": "The model's prompt for the texts, as input_type."},
         "normalize": {"type": "boolean", "description": "Unset: EMBEDX_NORMALIZE (true)."},
         "truncate": {"type": "boolean", "default": False,
                      "description": "false: a text over max_seq_len is a 400."},

@@ -234,7 +234,7 @@ def parse_openai(body: bytes, max_items: int) -> EmbedRequest:
 def parse_tei(body: bytes, max_items: int, default_model: str | None) -> EmbedRequest:
     """POST /embed, as text-embeddings-inference defines it: a request without `model`
     (TEI serves one model, so its clients send none) goes to `default_model`, and
-    `prompt_name` picks a catalog prompt as `input_type` does. Other fields are ignored, as
+    `prompt_name` picks the model's prompt as `input_type` does. Other fields are ignored, as
     TEI ignores them: the Inference API's `options` and `parameters`, which older clients
     send."""
     data = _object(body)
