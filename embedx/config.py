@@ -276,7 +276,7 @@ class Settings:
         None,
         _optional(_wrapping),
         "Template applied to every input, with `{text}` exactly once, e.g. `query: {text}`; "
-        "a catalog prompt for the input's type replaces it.",
+        "the model's prompt for the input's type replaces it.",
         "unset",
     )
     max_request_items: int = _setting(2048, _int(1), "Most inputs in one request.")
