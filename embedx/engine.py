@@ -95,6 +95,18 @@ def _placed(options: EmbedOptions, encoded: np.ndarray) -> np.ndarray:
     return out
 
 
+def _prompts(spec: ModelSpec, files: ModelFiles) -> tuple[dict[str, str], str | None]:
+    """A model's prompt templates by input type, and the input type it defaults to: its
+    catalog entry's, else those of its sentence-transformers config, whose texts go before
+    the input's, as sentence-transformers puts them."""
+    if spec.prompts:
+        return spec.prompts, spec.default_input_type
+    prompts = {name: text + "{text}" for name, text in files.st_prompts.items()}
+    if "passage" not in prompts and "document" in prompts:  # Qwen3's, for one
+        prompts["passage"] = prompts["document"]
+    return prompts, files.st_default_prompt
+
+
 def _sole_job(items: Sequence[Item]) -> Job | None:
     """The one request every text of a batch belongs to (the common case), or None."""
     first = items[0].job
@@ -373,6 +385,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.options = options
+        self.prompts, self.default_input_type = _prompts(spec, files)
         self.state = EngineState.LOADING
         self.max_batch_texts = min(options.max_batch_items or MAX_BATCH_TEXTS, MAX_BATCH_TEXTS)
         self.queue = ConvergingQueue(name=spec.name, max_batch_items=self.max_batch_texts)
@@ -640,18 +653,10 @@ class Engine:
             )
 
     def template_for(self, input_type: str | None) -> str | None:
-        """The template a request's texts go through: the prompt for its input type (or the
-        model's default one), else the server-wide wrapping. A catalog entry's prompts
-        replace those of the model's sentence-transformers config, which put their text
-        before the input's, as sentence-transformers does."""
-        if self.spec.prompts:
-            prompts, default = self.spec.prompts, self.spec.default_input_type
-        else:
-            prompts = {name: text + "{text}" for name, text in self.files.st_prompts.items()}
-            if "passage" not in prompts and "document" in prompts:  # Qwen3's, for one
-                prompts["passage"] = prompts["document"]
-            default = self.files.st_default_prompt
-        chosen = input_type or default
+        """The template a request's texts go through: the model's prompt for its input type
+        (or its default one, `_prompts`), else the server-wide wrapping."""
+        prompts = self.prompts
+        chosen = input_type or self.default_input_type
         if chosen is not None:
             if chosen not in prompts:
                 known = ", ".join(sorted(prompts)) or "none"
