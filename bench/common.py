@@ -146,8 +146,8 @@ async def open_engine(
     None: every device found), at `tokens` tokens a batch; `name` (default: the devices) is
     what its logs call it."""
     from embedx.config import load_settings
-    from embedx.devices import discover, open_accelerator
-    from embedx.engine import Engine, EngineOptions
+    from embedx.devices import discover
+    from embedx.engine import EngineOptions, open_engine
     from embedx.models.catalog import ModelSpec
     from embedx.models.pooling import Pooling
     from embedx.models.source import resolve
@@ -164,10 +164,8 @@ async def open_engine(
         pooling=Pooling(pooling),
         max_seq_len=length,
     )
-    accelerators = [open_accelerator(info) for info in discover(settings)]
-    return await Engine.load(
-        spec, resolve(str(directory)), accelerators, EngineOptions(max_batch_tokens=tokens)
-    )
+    options = EngineOptions(max_batch_tokens=tokens)
+    return await open_engine(spec, resolve(str(directory)), discover(settings), options)
 
 
 async def take_turns(

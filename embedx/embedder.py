@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from embedx.config import Settings, load_settings
-from embedx.engine import EmbedOptions, Engine
+from embedx.engine import EmbedOptions, Engine, EngineOptions, open_engine
 from embedx.errors import InvalidInput, InvalidOption, PoolingRequired, ShuttingDown
 
 T = TypeVar("T")
@@ -84,8 +84,7 @@ class Embedder:
                 param="pooling",
             )
         files = resolve(spec.source, spec.revision)
-        accelerators = [open_accelerator(info) for info in devices]
-        return await Engine.load(spec, files, accelerators, registry.engine_options())
+        return await open_engine(spec, files, devices, EngineOptions.from_settings(self.settings))
 
     @property
     def dimensions(self) -> int:

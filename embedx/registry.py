@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from embedx import heap
 from embedx.config import Settings
-from embedx.engine import Engine, EngineOptions, EngineState
+from embedx.engine import Engine, EngineOptions, EngineState, open_engine
 from embedx.errors import (
     Bug,
     ConfigError,
@@ -296,9 +296,10 @@ class ModelRegistry:
                 started = time.monotonic()
                 files = await asyncio.to_thread(resolve, spec.source, spec.revision)
                 while True:
-                    accelerators = [self._open_accelerator(info) for info in self.devices]
                     try:
-                        engine = await Engine.load(spec, files, accelerators, self.engine_options())
+                        engine = await open_engine(
+                            spec, files, self.devices, self.engine_options(), self._open_accelerator
+                        )
                         break
                     except NoDeviceFits:
                         if not self._fits_alone(spec, files) or not await self._make_room(resident):
@@ -375,16 +376,7 @@ class ModelRegistry:
         )
 
     def engine_options(self) -> EngineOptions:
-        s = self.settings
-        return EngineOptions(
-            normalize=s.normalize,
-            wrapping=s.wrapping,
-            max_batch_tokens=s.max_batch_tokens,
-            max_batch_items=s.max_batch_items,
-            device_batch_tokens=s.device_batch_tokens,
-            batch_timeout_s=s.batch_timeout_s,
-            smoke_test=s.smoke_test_on_load,
-        )
+        return EngineOptions.from_settings(self.settings)
 
     def _release(self, resident: Resident) -> None:
         resident.users -= 1
@@ -525,9 +517,9 @@ class ModelRegistry:
         for resident in self._models.values():
             if resident.engine is None:
                 continue
-            for worker in resident.engine.workers:
-                if not worker.slot.active:
-                    found.append(f"{resident.spec.name}: {worker.slot.name} ({worker.slot.reason})")
+            for device in resident.engine.report().devices:
+                if not device.up:
+                    found.append(f"{resident.spec.name}: {device.device} ({device.reason})")
         return found
 
 

@@ -146,8 +146,7 @@ def make_engine(minilm_dir: Path) -> Callable[..., Any]:
     """An async context manager: a MiniLM (or other) engine on fake CPU devices, closed after."""
     import asyncio
 
-    from embedx.devices import CpuAccelerator
-    from embedx.engine import Engine, EngineOptions
+    from embedx.engine import EngineOptions, open_engine
     from embedx.models.catalog import ModelSpec
     from embedx.models.pooling import Pooling
     from embedx.models.source import resolve
@@ -169,8 +168,8 @@ def make_engine(minilm_dir: Path) -> Callable[..., Any]:
             max_seq_len=max_seq_len,
         )
         files = await asyncio.to_thread(resolve, spec.source)
-        accelerators = [CpuAccelerator(cpu_info(key)) for key in devices]
-        engine = await Engine.load(spec, files, accelerators, EngineOptions(**options))
+        devices_info = [cpu_info(key) for key in devices]
+        engine = await open_engine(spec, files, devices_info, EngineOptions(**options))
         try:
             yield engine
         finally:

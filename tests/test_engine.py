@@ -226,14 +226,16 @@ async def test_a_device_out_of_memory_empties_its_cache_once_its_replica_is_gone
     import weakref
 
     from embedx.devices import CpuAccelerator
+    from embedx.engine import loading
+    from embedx.engine import probe as probing
 
-    probe = Engine._probe
+    probe = probing.probe
     models: list[weakref.ref[Any]] = []
     alive_when_emptied: list[bool] = []
 
-    async def out_of_memory_on_short(self: Engine, replica: Any) -> Any:
+    async def out_of_memory_on_short(replica: Any, plan: Any) -> Any:
         if replica.accelerator.info.key != "short":
-            return await probe(self, replica)
+            return await probe(replica, plan)
         models.append(weakref.ref(replica.model))
         await asyncio.sleep(0.01)
         raise oom("CUDA out of memory (injected, in a probe batch)")
@@ -241,7 +243,7 @@ async def test_a_device_out_of_memory_empties_its_cache_once_its_replica_is_gone
     def emptied(self: CpuAccelerator) -> None:  # where CudaAccelerator empties its cache
         alive_when_emptied.append(models[-1]() is not None)
 
-    monkeypatch.setattr(Engine, "_probe", out_of_memory_on_short)
+    monkeypatch.setattr(loading, "probe", out_of_memory_on_short)
     monkeypatch.setattr(CpuAccelerator, "release_cached_memory", emptied)
     async with make_engine(("good", "short"), smoke_test=False) as engine:
         assert "short" in str(engine.skipped)
@@ -319,9 +321,9 @@ async def test_a_batch_whose_rows_fail_to_be_written_runs_again_and_the_worker_l
     reference_texts: list[str],
     st_reference: np.ndarray,
 ) -> None:
-    from embedx import engine as engine_module
+    from embedx.engine import worker as worker_module
+    from embedx.engine.outputs import write_batch as write
 
-    write = engine_module.write_batch
     failures = 0
 
     def fails_once(*args: Any) -> None:
@@ -332,7 +334,7 @@ async def test_a_batch_whose_rows_fail_to_be_written_runs_again_and_the_worker_l
         write(*args)
 
     async with make_engine(("cpu",)) as engine:
-        monkeypatch.setattr(engine_module, "write_batch", fails_once)
+        monkeypatch.setattr(worker_module, "write_batch", fails_once)
         # before, the worker's task died with the error and the request waited forever
         result = await asyncio.wait_for(engine.embed(reference_texts[:50]), 60)
         again = await asyncio.wait_for(engine.embed(reference_texts[50:60]), 60)
@@ -522,10 +524,8 @@ async def test_base64_rows_are_written_into_the_callers_array(
 
     async with make_engine(("cpu",)) as engine:
         floats = (await engine.embed(texts)).vectors
-        full = await engine.embed(texts, EmbedOptions(base64=True, base64_out=into))
-        narrow = await engine.embed(
-            texts, EmbedOptions(base64=True, dimensions=64, base64_out=into)
-        )
+        full = await engine.embed(texts, EmbedOptions(base64=True, sink=into))
+        narrow = await engine.embed(texts, EmbedOptions(base64=True, dimensions=64, sink=into))
         narrow_floats = (await engine.embed(texts, EmbedOptions(dimensions=64))).vectors
     assert [lines.shape for lines in made] == [(30, 2050), (30, 346)]
     assert np.array_equal(decoded(made[0][:, 1:-1]), floats)
@@ -637,8 +637,8 @@ def test_a_failed_launch_leaves_the_slot_of_a_batch_still_running_alone() -> Non
     batch's rows are still being copied into and read from."""
     from types import SimpleNamespace
 
-    from embedx.batching import FLOATS
-    from embedx.engine import DeviceWorker
+    from embedx.engine.outputs import FLOATS
+    from embedx.engine.worker import DeviceWorker
 
     slots: list[int] = []
 
@@ -709,14 +709,17 @@ async def test_waiting_out_a_failed_launch_leaves_the_event_loop_free(
 async def test_a_device_short_of_memory_for_a_probe_batch_is_skipped_and_closed(
     make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = Engine._probe
+    from embedx.engine import loading
+    from embedx.engine import probe as probing
 
-    async def probe(self: Engine, replica: Any) -> Any:
+    original = probing.probe
+
+    async def probe(replica: Any, plan: Any) -> Any:
         if replica.accelerator.info.key == "small":
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        return await original(self, replica)
+        return await original(replica, plan)
 
-    monkeypatch.setattr(Engine, "_probe", probe)
+    monkeypatch.setattr(loading, "probe", probe)
     async with make_engine(("cpu", "small")) as engine:
         assert [r.accelerator.info.key for r in engine.replicas] == ["cpu"]
         assert "out of memory" in next(iter(engine.skipped.values()))
@@ -738,7 +741,7 @@ async def test_a_close_cancelled_midway_still_finishes(make_engine: Callable[...
 
 
 def test_a_load_that_failed_for_the_device_or_host_is_a_503_not_the_files_fault() -> None:
-    from embedx.engine import _unbuildable
+    from embedx.engine.loading import unbuildable
     from embedx.errors import InvalidModel, ModelUnavailable
 
     host: list[Exception] = [RuntimeError("CUDA error: an illegal memory access"),
@@ -746,6 +749,6 @@ def test_a_load_that_failed_for_the_device_or_host_is_a_503_not_the_files_fault(
     files: list[Exception] = [KeyError("hidden_size"), FileNotFoundError("model-2.safetensors"),
                               RuntimeError("size mismatch for embeddings.word.weight")]  # fmt: skip
     for error in host:
-        assert isinstance(_unbuildable("m", error), ModelUnavailable), error
+        assert isinstance(unbuildable("m", error), ModelUnavailable), error
     for error in files:
-        assert isinstance(_unbuildable("m", error), InvalidModel), error
+        assert isinstance(unbuildable("m", error), InvalidModel), error

@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from embedx.batching import FLOATS, RowForm
 from embedx.config import load_settings
 from embedx.devices import discover, open_accelerator
-from embedx.engine import EmbedOptions, Engine, EngineOptions
-from embedx.models import base64_rows
+from embedx.engine import EmbedOptions, Engine, EngineOptions, base64_rows
+from embedx.engine.outputs import FLOATS, RowForm
 from embedx.models.catalog import ModelSpec
 from embedx.models.pooling import Pooling
 from embedx.models.source import resolve

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from embedx.engine.outputs import RowForm, finish_on_device
 from embedx.errors import (
     ConfigError,
     InputTooLong,
@@ -22,14 +23,13 @@ from embedx.errors import (
     ModelNotFound,
     PickleOnlyWeights,
     ShuttingDown,
-    UnsupportedDimensions,
     UnverifiableWeights,
 )
 from embedx.models import tokenizer as tokenizer_module
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype
 from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, token_rows
-from embedx.models.pooling import Pooling, finish, pool
+from embedx.models.pooling import Pooling, pool
 from embedx.models.source import ModelFiles, check_exists, resolve
 from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, TextTokenizer
 
@@ -569,22 +569,6 @@ def test_an_unknown_pooling_is_a_typed_error() -> None:
         Pooling.parse("max")
 
 
-def test_matryoshka_truncates_then_renormalizes() -> None:
-    vectors = np.array([[3.0, 4.0, 12.0]], dtype=np.float32)
-    out = finish(vectors.copy(), dimensions=2, normalize=True, model_normalizes=False)
-    assert np.allclose(out, [[0.6, 0.8]])
-    with pytest.raises(UnsupportedDimensions):
-        finish(vectors.copy(), dimensions=4, normalize=True, model_normalizes=False)
-
-
-def test_a_normalize_module_applies_even_when_normalize_is_off() -> None:
-    vectors = np.array([[3.0, 4.0]], dtype=np.float32)
-    out = finish(vectors.copy(), dimensions=None, normalize=False, model_normalizes=True)
-    assert np.allclose(out, [[0.6, 0.8]])
-    raw = finish(vectors.copy(), dimensions=None, normalize=False, model_normalizes=False)
-    assert np.allclose(raw, vectors)
-
-
 def test_gpu_batches_pad_to_a_few_row_counts_all_warmed_at_load() -> None:
     budget = 2 * FINE_FROM + 1000  # not a bucket: the last one is the budget itself
     counts = range(1, budget + 1, 7)
@@ -768,8 +752,8 @@ def test_sentence_transformers_dense_layers_are_applied(
     assert len(files.dense) == 1
     ids = TextTokenizer(files, 256).encode_now(TEXTS).views()
     model = EmbeddingModel(files, Pooling.MEAN, CPU, "float32")
-    ours = model.forward(to_device(pack(ids), CPU)).numpy()
-    ours = finish(ours, dimensions=None, normalize=True, model_normalizes=files.normalizes)
+    rows = model.forward(to_device(pack(ids), CPU))
+    ours = finish_on_device(rows, RowForm(unit=True)).numpy()
     assert ours.shape == (len(TEXTS), 64)
     assert np.abs(ours - reference).max() < 1e-5
     # Normalize before Dense: sentence-transformers would not give unit vectors; refused
@@ -791,20 +775,3 @@ def test_a_dense_module_with_pickle_weights_is_refused(minilm_dir: Path, tmp_pat
     (directory / "2_Dense" / "pytorch_model.bin").write_bytes(b"never unpickled")
     with pytest.raises(PickleOnlyWeights):
         resolve(str(directory))
-
-
-@pytest.mark.parametrize("dimensions", [384, 1024, 1001, 7, 1])  # 0, 2 and 1 '=' a row
-def test_base64_rows_on_host_and_device_are_standard_base64(dimensions: int) -> None:
-    import base64
-
-    from embedx.models import base64_rows
-
-    rows = np.random.default_rng(0).standard_normal((6, dimensions)).astype(np.float32)
-    every_byte = np.frombuffer(bytes(range(256)) * -(-dimensions // 64), "<f4")  # every sextet
-    rows[0] = every_byte[:dimensions]
-    expected = [base64.b64encode(row.astype("<f4").tobytes()) for row in rows]
-    on_device = base64_rows.encode_on_device(torch.from_numpy(rows)).numpy()
-    on_host = base64_rows.encode_on_host(np.asfortranarray(rows))
-    for encoded in (on_host, on_device):
-        assert encoded.shape == (6, base64_rows.width(dimensions))
-        assert [row.tobytes() for row in encoded] == expected

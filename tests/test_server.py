@@ -190,7 +190,7 @@ def test_a_long_response_keeps_its_content_length(
 
 @pytest.mark.parametrize("count", [1, 10, 11, 100, 1234])  # indices of 1 to 4 digits
 def test_base64_items_frame_every_row_as_json(count: int) -> None:
-    from embedx.models.base64_rows import encode_on_host
+    from embedx.engine.base64_rows import encode_on_host
     from embedx.server.embeddings import Base64Items
 
     rows = np.random.default_rng(0).standard_normal((count, 8)).astype(np.float32)

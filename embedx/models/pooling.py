@@ -1,14 +1,11 @@
-"""Pooling of token states into one vector per text, and the host-side finish (matryoshka, L2)."""
+"""Pooling of token states into one vector per text."""
 
 from __future__ import annotations
 
 import enum
-import numbers
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from embedx.errors import InvalidOption, UnsupportedDimensions
+from embedx.errors import InvalidOption
 
 if TYPE_CHECKING:
     import torch
@@ -76,41 +73,3 @@ def pool(
     )
     sums.index_add_(0, segments, hidden.float())
     return sums / lengths.unsqueeze(1)
-
-
-def finish(
-    vectors: np.ndarray, *, dimensions: int | None, normalize: bool, model_normalizes: bool
-) -> np.ndarray:
-    """Apply the model's Normalize module, truncate to `dimensions` (matryoshka), then
-    L2-normalize if asked. `vectors`, float32 (B, H), is written in place; a truncation
-    returns a copy."""
-    full = vectors.shape[1]
-    check_dimensions(dimensions, full)
-    if model_normalizes and not normalize:  # else the final normalization subsumes it
-        _normalize_rows(vectors)
-    if dimensions is not None and dimensions < full:
-        vectors = np.ascontiguousarray(vectors[:, :dimensions])
-    if normalize:
-        _normalize_rows(vectors)
-    return vectors
-
-
-def check_dimensions(dimensions: int | None, full: int) -> None:
-    if dimensions is None:
-        return
-    given: object = dimensions  # the library's callers: numpy's ints too, or anything
-    if isinstance(given, bool) or not isinstance(given, numbers.Integral):
-        raise UnsupportedDimensions(
-            f"dimensions must be a whole number, got {dimensions!r}", param="dimensions"
-        )
-    if not 1 <= dimensions <= full:
-        raise UnsupportedDimensions(
-            f"dimensions must be between 1 and {full} for this model, got {dimensions}",
-            param="dimensions",
-        )
-
-
-def _normalize_rows(vectors: np.ndarray) -> None:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    np.maximum(norms, 1e-12, out=norms)  # as torch's F.normalize: a zero row stays zero
-    vectors /= norms

@@ -28,7 +28,7 @@ async def _run(
         truncate=request.truncate,
         input_type=request.input_type,
         base64=request.base64,
-        base64_out=base64_items,
+        sink=base64_items,
     )
     async with state.registry.lease(request.model, request.load) as engine, state.admission.slot():
         return await engine.embed(request.texts, options)
@@ -69,7 +69,7 @@ ITEM_END = np.frombuffer(b'"},', np.uint8)
 
 class Base64Items:
     """The `data` list of a base64 response, one fixed-width line of bytes per item, made
-    before the rows exist: called as `EmbedOptions.base64_out`, it hands the engine the column
+    before the rows exist: as the request's `EmbedOptions.sink`, it hands the engine the column
     each row's base64 goes in, so a row is copied once from the device's buffer to the body.
 
     An index with fewer digits than the last is preceded by spaces, between the items, so

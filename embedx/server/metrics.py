@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from embedx.telemetry import LATENCY_BUCKETS_S, Histogram
 
 if TYPE_CHECKING:
-    from embedx.engine import DeviceWorker, Engine
+    from embedx.engine.report import DeviceReport, EngineReport
     from embedx.registry import ModelRegistry
     from embedx.server.admission import Admission
 
@@ -133,25 +133,25 @@ def render(http: HttpMetrics, registry: ModelRegistry, admission: Admission) -> 
     )
     w.sample("embedx_models_failing", len(registry.failing()))
 
-    engines = [(r.spec.name, r.engine) for r in registry.residents() if r.engine is not None]
-    _engine_families(w, engines)
+    reports = [(r.spec.name, r.engine.report()) for r in registry.residents() if r.engine]
+    _engine_families(w, reports)
     return "\n".join(w.lines) + "\n"
 
 
-# Per model: (metric, kind, help, value of an engine); a histogram's value is a Histogram.
-MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[Engine], Any]], ...] = (
+# Per model: (metric, kind, help, value of its report); a histogram's value is a Histogram.
+MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[EngineReport], Any]], ...] = (
     ("embedx_queue_items", "gauge", "Texts waiting in a model's queue.",
-     lambda e: e.queue.pending_items),
+     lambda e: e.queue_items),
     ("embedx_queue_tokens", "gauge", "Tokens waiting in a model's queue.",
-     lambda e: e.queue.pending_tokens),
+     lambda e: e.queue_tokens),
     ("embedx_queue_wait_seconds", "histogram", "A batch's oldest text, queued to claimed.",
-     lambda e: e.queue.queue_wait),
+     lambda e: e.queue_wait),
     ("embedx_embed_seconds", "histogram", "From an embed call to its vectors.",
      lambda e: e.latency),
     ("embedx_padding_tokens_total", "counter", "Padded minus real tokens of batches cut.",
-     lambda e: e.queue.padding_tokens),
+     lambda e: e.padding_tokens),
     ("embedx_truncated_inputs_total", "counter", "Texts cut to the model's length.",
-     lambda e: e.truncated),
+     lambda e: e.truncated_inputs),
     ("embedx_tokenizer_busy_seconds_total", "counter",
      "Time a tokenizer call was running; near the uptime, tokenizing limits the model.",
      lambda e: e.tokenizer.busy_s),
@@ -159,29 +159,27 @@ MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[Engine], Any]], ...] = (
      "Time spent taking token ids out of tokenizer calls; near the uptime, that limits the model.",
      lambda e: e.tokenizer.collect_s),
 )  # fmt: skip
-# Per model and device: (metric, kind, help, value of a worker).
-DEVICE_FAMILIES: tuple[tuple[str, str, str, Callable[[DeviceWorker], Any]], ...] = (
-    ("embedx_device_tokens_total", "counter", "Tokens a device embedded.",
-     lambda w: w.slot.tokens_done),
-    ("embedx_device_batches_total", "counter", "Batches a device ran.",
-     lambda w: w.slot.batches_done),
+# Per model and device: (metric, kind, help, value of the device's report).
+DEVICE_FAMILIES: tuple[tuple[str, str, str, Callable[[DeviceReport], Any]], ...] = (
+    ("embedx_device_tokens_total", "counter", "Tokens a device embedded.", lambda d: d.tokens),
+    ("embedx_device_batches_total", "counter", "Batches a device ran.", lambda d: d.batches),
     ("embedx_device_busy_seconds_total", "counter", "Device time spent on batches.",
-     lambda w: w.slot.busy_s),
+     lambda d: d.busy_s),
     ("embedx_device_budget_tokens", "gauge", "A device's token budget per batch.",
-     lambda w: w.slot.budget),
+     lambda d: d.budget_tokens),
     ("embedx_device_up", "gauge", "1 while a device serves, 0 once quarantined.",
-     lambda w: int(w.slot.active)),
-    ("embedx_batch_tokens", "histogram", "Real tokens per batch.", lambda w: w.batch_tokens),
+     lambda d: int(d.up)),
+    ("embedx_batch_tokens", "histogram", "Real tokens per batch.", lambda d: d.batch_tokens),
 )  # fmt: skip
 
 
-def _engine_families(w: _Writer, engines: list[tuple[str, Engine]]) -> None:
+def _engine_families(w: _Writer, reports: list[tuple[str, EngineReport]]) -> None:
     for metric, kind, help_text, value in MODEL_FAMILIES:
         w.family(metric, kind, help_text)
-        for name, engine in engines:
-            w.value(metric, kind, value(engine), model=name)
-    for metric, kind, help_text, of_worker in DEVICE_FAMILIES:
+        for name, report in reports:
+            w.value(metric, kind, value(report), model=name)
+    for metric, kind, help_text, of_device in DEVICE_FAMILIES:
         w.family(metric, kind, help_text)
-        for name, engine in engines:
-            for worker in engine.workers:
-                w.value(metric, kind, of_worker(worker), model=name, device=worker.slot.name)
+        for name, report in reports:
+            for device in report.devices:
+                w.value(metric, kind, of_device(device), model=name, device=device.device)

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from embedx.engine import plain_texts
+from embedx.engine.texts import plain_texts
 from embedx.errors import (
     EmptyInput,
     InvalidInput,

@@ -1,0 +1,340 @@
+"""Engine: one model replicated on N devices, fed by one converging queue; `await embed(texts)`
+returns its vectors in order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from embedx import heap
+from embedx.batching import Item, Job
+from embedx.devices import open_accelerator
+from embedx.engine import outputs
+from embedx.engine.loading import Placed, checked_length, open_tokenizer, place
+from embedx.engine.options import EmbedOptions, EmbedResult, EngineOptions
+from embedx.engine.outputs import RequestRows
+from embedx.engine.probe import ProbePlan
+from embedx.engine.replica import Replica
+from embedx.engine.report import EngineReport, report_of
+from embedx.engine.texts import Prompts, checked_texts
+from embedx.engine.worker import DeviceWorker
+from embedx.errors import Bug, NoDeviceFits, ShuttingDown, SmokeTestFailed
+from embedx.models.catalog import ModelSpec
+from embedx.models.pooling import Pooling
+from embedx.models.tokenizer import Encoded, TextTokenizer
+from embedx.scheduler import ConvergingQueue
+from embedx.telemetry import LATENCY_BUCKETS_S, Histogram
+
+if TYPE_CHECKING:
+    from embedx.devices import Accelerator, DeviceInfo
+    from embedx.models.source import ModelFiles
+
+log = logging.getLogger("embedx.engine")
+
+# FlashAttention launches a block row per text, and CUDA allows 65535: batches stay below.
+MAX_BATCH_TEXTS = 32768
+SMOKE_TEXT = "embedx smoke test: the quick brown fox jumps over the lazy dog."
+
+
+class EngineState(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+def chunk_items(job: Job, start: int, encoded: Encoded) -> list[Item]:
+    """A tokenized chunk's texts as the job's items; `start` is its first text's index."""
+    views = zip(encoded.lengths, encoded.views(), strict=True)
+    return [Item(job, start + i, n, ids) for i, (n, ids) in enumerate(views)]
+
+
+class Engine:
+    """One model on every device it fits on, fed by one converging queue."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        files: ModelFiles,
+        tokenizer: TextTokenizer,
+        pooling: Pooling,
+        options: EngineOptions,
+    ) -> None:
+        self.spec = spec
+        self.files = files
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.options = options
+        self.prompts = Prompts.of(spec, files, options.wrapping)
+        self.state = EngineState.LOADING
+        self.max_batch_texts = min(options.max_batch_items or MAX_BATCH_TEXTS, MAX_BATCH_TEXTS)
+        self.queue = ConvergingQueue(name=spec.name, max_batch_items=self.max_batch_texts)
+        self.accelerators: list[Accelerator] = []  # every device it was given, used or not
+        self.replicas: list[Replica] = []
+        self.workers: list[DeviceWorker] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing: asyncio.Future[None] | None = None
+        self.dimensions = 0
+        self.dtypes: dict[str, str] = {}
+        self.truncated = 0
+        self.requests = 0
+        self.latency = Histogram(LATENCY_BUCKETS_S)
+        self._jobs_in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.skipped: dict[str, str] = {}  # device -> why the model is not on it
+        self._holds_heap = False  # counted in `heap.hold` once loaded
+
+    # -- loading -------------------------------------------------------------------------
+
+    @classmethod
+    async def load(
+        cls,
+        spec: ModelSpec,
+        files: ModelFiles,
+        accelerators: Sequence[Accelerator],
+        options: EngineOptions,
+    ) -> Engine:
+        """Load the model on every device it fits, probe each, start the workers, smoke test.
+
+        Nothing stays resident if any step fails."""
+        if spec.pooling is None:
+            raise Bug("a model reached the engine without a pooling")
+        prompted = bool(spec.prompts or files.st_prompts or options.wrapping)
+        length = checked_length(spec, spec.pooling, files, prompted)
+        tokenizer = await open_tokenizer(spec, files, length)
+        engine = cls(spec, files, tokenizer, spec.pooling, options)
+        engine.accelerators = list(accelerators)  # closed with it
+        try:
+            for accelerator in accelerators:
+                plan = engine._plan_for(accelerator)
+                placed = await place(spec, files, spec.pooling, accelerator, plan)
+                if isinstance(placed, str):
+                    engine.skipped[accelerator.info.label] = placed
+                else:
+                    engine._serve_on(placed)
+            if not engine.replicas:
+                reasons = "; ".join(f"{k}: {v}" for k, v in engine.skipped.items())
+                raise NoDeviceFits(f"model {spec.name!r} fits on no device ({reasons})")
+            engine._start_workers()
+            engine.state = EngineState.READY
+            if options.smoke_test:
+                await engine._smoke_test()
+        except BaseException:
+            await engine.close()
+            raise
+        heap.hold()  # the model and everything loaded with it stay: stop scanning them
+        engine._holds_heap = True
+        return engine
+
+    def _plan_for(self, accelerator: Accelerator) -> ProbePlan:
+        options = self.options
+        return ProbePlan(
+            length=self.tokenizer.max_seq_len,
+            vocab=int(self.files.config.get("vocab_size") or 1000),
+            max_batch_tokens=options.max_batch_tokens,
+            budget_override=(options.device_batch_tokens or {}).get(accelerator.info.key),
+            max_batch_texts=self.max_batch_texts,
+            batch_timeout_s=options.batch_timeout_s,
+        )
+
+    def _serve_on(self, placed: Placed) -> None:
+        """Give a device the model was placed on its slot in the queue and its worker."""
+        replica, probed = placed.replica, placed.probed
+        info = replica.accelerator.info
+        self.replicas.append(replica)
+        self.dimensions = replica.model.dimensions
+        self.dtypes[info.label] = placed.dtype
+        slot = self.queue.add_device(
+            info.label,
+            budget=probed.budget,
+            rate=1.0,
+            max_inflight=replica.accelerator.max_inflight,
+            probe=probed.points,
+            launch_s=probed.launch_s,
+            shares_host=not info.is_cuda,
+        )
+        self.workers.append(DeviceWorker(self.queue, replica, slot, self.options.batch_timeout_s))
+        log.info(
+            "%s on %s (%s): budget %d tokens, %.0f tokens/s, %.2f ms a batch",
+            self.spec.name,
+            info.label,
+            placed.dtype,
+            probed.budget,
+            slot.speed.rate,
+            slot.speed.fixed * 1000,
+        )
+
+    def _start_workers(self) -> None:
+        for worker in self.workers:
+            task = asyncio.create_task(worker.run(), name=f"embedx-{worker.slot.name}")
+            task.add_done_callback(partial(self._worker_ended, worker))
+            self._tasks.append(task)
+
+    def _worker_ended(self, worker: DeviceWorker, task: asyncio.Task[None]) -> None:
+        """A worker that died of an error nobody expected (a bug) takes its device out of
+        service, so that its work goes to the others or fails, rather than waiting forever."""
+        if task.cancelled() or (error := task.exception()) is None:
+            return  # closed, or it returned after quarantining its device
+        log.error("%s: the worker of %s failed", self.spec.name, worker.slot.name, exc_info=error)
+        self.queue.quarantine(worker.slot, f"its worker failed: {error!r}")
+
+    async def _smoke_test(self) -> None:
+        try:
+            result = await self.embed([SMOKE_TEXT], EmbedOptions(normalize=False))
+        except Exception as exc:
+            raise SmokeTestFailed(f"model {self.spec.name!r} failed its smoke test: {exc}") from exc
+        finally:  # no one's request: the counts of requests and their latency start after
+            # it (the devices' counts of batches and tokens include its one batch)
+            self.requests = 0
+            self.latency = Histogram(LATENCY_BUCKETS_S)
+        vector = result.vectors[0]
+        if not np.isfinite(vector).all() or not np.any(vector):
+            raise SmokeTestFailed(
+                f"model {self.spec.name!r} failed its smoke test: its vector is not finite or zero"
+            )
+
+    # -- embedding -----------------------------------------------------------------------
+
+    def _check_ready(self) -> None:
+        if self.state is not EngineState.READY:
+            raise ShuttingDown(
+                f"model {self.spec.name!r} is {self.state.value}: it was evicted or the server "
+                "is shutting down while this request arrived; send it again"
+            )
+
+    async def embed(self, texts: Sequence[str], options: EmbedOptions | None = None) -> EmbedResult:
+        """Embed `texts`; rows come back in their order. Cancelling drops the pending work."""
+        options = options or EmbedOptions()
+        self._check_ready()
+        texts = checked_texts(texts)
+        spec = outputs.settle(
+            width=self.dimensions,
+            model_normalizes=self.files.normalizes,
+            default_normalize=self.options.normalize,
+            dimensions=options.dimensions,
+            normalize=options.normalize,
+            base64=options.base64,
+            sink=options.sink,
+        )
+        texts = self.prompts.wrap(texts, options.input_type)
+        started = time.monotonic()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        job = Job(len(texts), future=done)
+        rows = job.out = RequestRows(spec, len(texts))
+        self._jobs_in_flight += 1
+        self._idle.clear()
+        try:
+            truncated = await self._tokenize_into(job, texts, options.truncate)
+            submitted = time.monotonic()
+            await done
+        except BaseException:
+            self.queue.cancel(job)
+            if done.done() and not done.cancelled():
+                done.exception()  # failed while tokenizing: raised as the tokenizer's error
+            raise
+        finally:
+            self._jobs_in_flight -= 1
+            if not self._jobs_in_flight:
+                self._idle.set()
+        self.truncated += truncated
+        self.requests += 1
+        vectors = rows.finished()
+        now = time.monotonic()
+        self.latency.observe(now - started)
+        return EmbedResult(vectors, job.tokens, truncated, submitted - started, now - started)
+
+    async def _tokenize_into(self, job: Job, texts: Sequence[str], truncate: bool) -> int:
+        """Tokenize chunk by chunk, submitting each as soon as it is ready: devices start on
+        the first chunk while the rest is still being tokenized. Returns how many texts were
+        truncated."""
+        truncated = 0
+        self.queue.feeding_started(job)
+        try:
+            chunks = self.tokenizer.encode_chunks(texts, truncate=truncate)
+            async with contextlib.aclosing(chunks):
+                async for start, encoded in chunks:
+                    if job.cancelled:
+                        break  # it failed meanwhile: its other texts need no tokenizing
+                    with heap.gc_paused():
+                        self.queue.submit(job, chunk_items(job, start, encoded))
+                    truncated += encoded.truncated
+        finally:
+            self.queue.feeding_done(job)
+        return truncated
+
+    # -- shutting down -------------------------------------------------------------------
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop taking work and wait (up to `timeout_s`) for the work in flight, then close."""
+        if self.state is EngineState.READY:
+            self.state = EngineState.DRAINING
+        slow = asyncio.get_running_loop().call_later(
+            5.0, log.warning, "%s: draining is taking more than 5 s", self.spec.name
+        )
+        try:
+            async with asyncio.timeout(timeout_s):  # not wait_for: see CpuAccelerator.result
+                await self._idle.wait()  # returns at once when idle, even at timeout 0
+        except TimeoutError:
+            log.warning("%s: in-flight work did not finish in %.0f s", self.spec.name, timeout_s)
+        finally:
+            slow.cancel()
+            await self.close(ShuttingDown("the server shut down before this request finished"))
+
+    async def close(self, error: BaseException | None = None) -> None:
+        """Stop the workers, fail what is still queued (with `error`, if given), and free
+        every device's memory. A caller cancelled while it waits leaves the closing to finish
+        all the same."""
+        if self._closing is None:
+            self.state = EngineState.CLOSED
+            self._closing = asyncio.ensure_future(self._close(error))
+        await asyncio.shield(self._closing)
+
+    async def _close(self, error: BaseException | None) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        self.queue.close(error)
+        self.tokenizer.close()
+        self.replicas.clear()
+        self.workers.clear()
+        # emptying a GPU's cache waits for its stream, which other models share: not on the loop
+        for accelerator in self.accelerators:
+            await asyncio.to_thread(accelerator.close)
+        if self._holds_heap:  # a load that failed never held it
+            self._holds_heap = False
+            heap.release()  # the next load, or the registry, freezes what is still alive
+
+    # -- reporting -----------------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        """Whether any device still serves this model (not every one quarantined)."""
+        return bool(self.queue.active_devices())
+
+    def report(self) -> EngineReport:
+        return report_of(self)
+
+    def describe(self) -> dict[str, Any]:
+        """The report, for /info."""
+        return self.report().as_dict()
+
+
+async def open_engine(
+    spec: ModelSpec,
+    files: ModelFiles,
+    devices: Sequence[DeviceInfo],
+    options: EngineOptions,
+    open_accelerator: Callable[[DeviceInfo], Accelerator] = open_accelerator,
+) -> Engine:
+    """The model of `spec` (its files resolved) loaded on every device of `devices` it fits."""
+    return await Engine.load(spec, files, [open_accelerator(d) for d in devices], options)

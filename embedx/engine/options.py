@@ -1,0 +1,67 @@
+"""The engine's records: what it takes from the settings, what a request asks of its texts'
+embedding, and what it gets back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from embedx.engine.outputs import RowSink
+from embedx.models.catalog import check_template
+
+if TYPE_CHECKING:
+    from embedx.config import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedOptions:
+    """What a request asks of its texts' embedding, beyond the texts."""
+
+    dimensions: int | None = None
+    normalize: bool | None = None  # None: the server's EMBEDX_NORMALIZE
+    truncate: bool = True  # False: an over-long text is an error, not cut
+    input_type: str | None = None  # picks a prompt template: query or passage
+    base64: bool = False  # rows as base64 of their float32 bytes (engine/base64_rows.py)
+    sink: RowSink | None = None  # with base64: where the rows go (outputs.RowSink)
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    # (N, D) float32 in the caller's order; with `base64`, (N, width(D)) uint8 ASCII, in the
+    # array the sink made if one was given
+    vectors: np.ndarray
+    tokens: int
+    truncated: int
+    tokenize_s: float  # tokenizing and submitting (devices start on the first chunk meanwhile)
+    total_s: float  # from the call to the vectors
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """What the engine takes from the settings."""
+
+    normalize: bool = True
+    wrapping: str | None = None
+    max_batch_tokens: int = 16384
+    max_batch_items: int | None = None
+    device_batch_tokens: dict[str, int] | None = None
+    batch_timeout_s: float = 60.0
+    smoke_test: bool = True
+
+    def __post_init__(self) -> None:
+        if self.wrapping is not None:  # once here, not for every request
+            check_template(self.wrapping, "wrapping")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EngineOptions:
+        return cls(
+            normalize=settings.normalize,
+            wrapping=settings.wrapping,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_batch_items=settings.max_batch_items,
+            device_batch_tokens=settings.device_batch_tokens,
+            batch_timeout_s=settings.batch_timeout_s,
+            smoke_test=settings.smoke_test_on_load,
+        )

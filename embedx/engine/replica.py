@@ -1,0 +1,45 @@
+"""A model on one device: its batches packed (in pinned memory on a GPU), run, and finished
+there."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from embedx.devices import Accelerator
+from embedx.engine.outputs import FLOATS, RowForm, finish_on_device
+from embedx.models.loader import EmbeddingModel
+from embedx.models.packing import HostBatch, Staging, pack, to_device
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Replica:
+    """A model on one device, with pinned staging memory for each batch it keeps in flight."""
+
+    def __init__(self, accelerator: Accelerator, model: EmbeddingModel) -> None:
+        self.accelerator = accelerator
+        self.model = model
+        cuda = accelerator.device.type == "cuda"
+        self.staging = [Staging() for _ in range(accelerator.max_inflight)] if cuda else []
+
+    def pack(self, token_ids: Sequence[np.ndarray], slot: int, budget: int) -> HostBatch:
+        """On a GPU, in the slot's pinned memory and padded to a row count that was run at
+        load (see packing.token_rows)."""
+        if not self.staging:
+            return pack(token_ids)
+        return pack(token_ids, self.staging[slot], budget)
+
+    def run(self, host: HostBatch, slot: int, form: RowForm = FLOATS) -> torch.Tensor:
+        """Enqueue one batch (on the accelerator's stream): its rows, made into `form` there,
+        land in host memory."""
+        batch = to_device(host, self.accelerator.device)
+        rows = finish_on_device(self.model.forward(batch), form)  # (B, D) float32 in
+        if not self.staging:
+            return rows
+        out = self.staging[slot].output(len(rows), rows.shape[1], rows.dtype)
+        out.copy_(rows, non_blocking=True)
+        return out
