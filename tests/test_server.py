@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -311,6 +312,38 @@ def test_every_request_leaves_an_access_line_with_its_id(server: Server) -> None
     for given, kept in (("client-42/a.b", True), ("two words", False), ("x" * 129, False)):
         response = httpx.get(server.url + "/health", headers={"x-request-id": given})
         assert (response.headers["x-request-id"] == given) is kept, given
+
+
+FORGED = "2026-12-06 12:00:00,000 ERROR embedx.server: forged"
+
+
+def test_no_client_string_forges_a_log_line_or_fills_the_log(server: Server) -> None:
+    """A model name, a path or a field name holding a newline, a terminal escape or
+    megabytes: each is escaped and cut wherever it is logged or echoed."""
+    before = len(server.output())
+    name = f"nowhere\n{FORGED}\x1b[2J"
+    answers = [
+        post(server, "/v1/embeddings", json={"model": name, "input": "x", "pooling": "mean"}),
+        post(server, "/v1/embeddings", json={"model": MINILM_NAME, "input": "x", f"\n{FORGED}": 1}),
+        httpx.get(server.url + "/v1/models/" + quote(name, safe="")),
+        httpx.get(server.url + "/nowhere" + quote(f"\n{FORGED}")),
+        post(server, "/v1/embeddings", json={"model": "n" * 300_000, "input": "x"}),
+        httpx.get(server.url + "/v1/models/" + "n" * 30_000),
+    ]
+    for answer in answers:
+        assert 400 <= answer.status_code < 500
+        assert "\n" not in answer.json()["error"]["message"]
+        assert "\x1b" not in answer.json()["error"]["message"]
+        assert len(answer.content) < 4096  # the value is not echoed whole
+    ids = [answer.headers["x-request-id"] for answer in answers]
+    deadline = time.monotonic() + 10  # each line is written as its request finishes
+    while not all(f"id={i}" in server.output() for i in ids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    written = server.output()[before:]
+    assert all(f"id={i}" in written for i in ids)
+    assert not any(line.startswith(FORGED) for line in written.splitlines())
+    assert "\x1b" not in written
+    assert len(written) < 64_000  # 330 KB of names, a few lines of log
 
 
 def test_models_lists_catalog_and_resident_models(server: Server) -> None:

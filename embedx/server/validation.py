@@ -22,6 +22,7 @@ from embedx.errors import (
 )
 from embedx.models.catalog import INPUT_TYPES
 from embedx.registry import LoadRequest
+from embedx.untrusted import shown
 
 OPENAI_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "input_type",
                  "pooling", "dtype", "max_seq_len", "keep_alive"}  # fmt: skip
@@ -29,6 +30,7 @@ OPENAI_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "inp
 TEI_FIELDS = {"model", "inputs", "normalize", "truncate", "dimensions", "input_type",
               "truncation_direction", "prompt_name", "pooling", "dtype", "max_seq_len",
               "keep_alive"}  # fmt: skip
+MAX_NAMED_FIELDS = 5  # of the unknown fields a message lists
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 
 
@@ -49,14 +51,14 @@ def check_json_body(content_type: bytes | None, content_encoding: bytes | None) 
     browser sends a `text/plain` or unlabelled body cross-origin without asking first."""
     if content_encoding is not None and content_encoding.strip().lower() != b"identity":
         raise UnsupportedMediaType(
-            f"the body is {content_encoding.decode('latin-1')}-encoded; embedx reads bodies "
+            f"the body is {shown(content_encoding.decode('latin-1'))}-encoded; embedx reads bodies "
             "uncompressed: send it without Content-Encoding"
         )
     media = (content_type or b"").partition(b";")[0].strip().lower()
     if media != b"application/json" and not (
         media.startswith(b"application/") and media.endswith(b"+json") and len(media) > 17
     ):  # 17: application/+json, which names no type
-        given = f"`{media.decode('latin-1')}`" if media else "none"
+        given = f"`{shown(media.decode('latin-1'))}`" if media else "none"
         raise UnsupportedMediaType(
             f"send the body as JSON with `Content-Type: application/json` (the request had {given})"
         )
@@ -77,7 +79,11 @@ def _object(body: bytes) -> dict[str, Any]:
 def _unknown(data: dict[str, Any], known: set[str]) -> None:
     extra = sorted(set(data) - known)
     if extra:
-        raise InvalidOption(f"unrecognized request argument(s): {', '.join(extra)}", param=extra[0])
+        names = ", ".join(shown(name) for name in extra[:MAX_NAMED_FIELDS])
+        more = f" and {len(extra) - MAX_NAMED_FIELDS} more" if len(extra) > MAX_NAMED_FIELDS else ""
+        raise InvalidOption(
+            f"unrecognized request argument(s): {names}{more}", param=shown(extra[0])
+        )
 
 
 def _model(data: dict[str, Any], default: str | None, *, defaultable: bool) -> str:
