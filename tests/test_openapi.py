@@ -3,21 +3,27 @@ is taken, every one it forbids refused, and every answer is one it describes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+import hypothesis
 import jsonschema_rs
 import pytest
+import schemathesis
+from schemathesis.config import SchemathesisConfig
+from schemathesis.engine import Status, events, from_schema
 
 from embedx.config import load_settings
 from embedx.devices import CpuAccelerator
-from embedx.errors import EmbedxError
+from embedx.errors import EmbedxError, InvalidRequest
 from embedx.models.catalog import load_catalog
 from embedx.registry import ModelRegistry
 from embedx.server.app import create_app
 from embedx.server.openapi import openapi_spec
-from tests.conftest import cpu_info
+from embedx.server.validation import parse_openai, parse_tei
+from tests.conftest import MINILM_NAME, cpu_info
 
 KEY = "test-key"
 
@@ -113,3 +119,96 @@ def test_every_status_an_error_carries_is_documented() -> None:
     operations = [op for methods in spec["paths"].values() for op in methods.values()]
     documented = {int(status) for operation in operations for status in operation["responses"]}
     assert statuses <= documented
+
+
+PARSERS: dict[str, Callable[[bytes], Any]] = {
+    "/v1/embeddings": lambda body: parse_openai(body, 8),
+    "/embed": lambda body: parse_tei(body, 8, None),  # a server with no default model
+}
+
+
+@pytest.mark.parametrize("path", PARSERS)
+def test_the_checks_take_every_body_the_document_allows_and_refuse_every_other(
+    path: str,
+) -> None:
+    """Bodies schemathesis makes from the document, valid and not, against the checks alone:
+    the server's other refusals depend on the model (dimensions past its width, a prompt it
+    lacks), which no document states."""
+    spec = openapi_spec(keyed=False, max_items=8, default_model=False)
+    operation = schemathesis.openapi.from_dict(spec)[path]["POST"]
+    validator = jsonschema_rs.Draft202012Validator(request_schema(spec, path))
+    bodies = hypothesis.strategies.one_of([
+        operation.as_strategy(mode, media_type="application/json")
+        for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
+    ])  # fmt: skip
+
+    @hypothesis.given(case=bodies)
+    @hypothesis.settings(max_examples=100, derandomize=True, database=None, deadline=None,
+                         suppress_health_check=list(hypothesis.HealthCheck))  # fmt: skip
+    def agree(case: Any) -> None:
+        # JSON values only, as schemathesis sends them: another media type is a 415 first
+        hypothesis.assume(isinstance(case.body, dict | list | str | int | float | None))
+        try:
+            PARSERS[path](json.dumps(case.body, allow_nan=False).encode())
+        except InvalidRequest:
+            accepted = False
+        else:
+            accepted = True
+        assert validator.is_valid(case.body) == accepted, case.body
+
+    agree()
+
+
+def fuzz(app: Any, headers: dict[str, str]) -> tuple[int, list[str], dict[str, set[int]]]:
+    """schemathesis over the app's /openapi.json, in-process, every check but one, in its
+    examples, coverage (the document's edge values) and fuzzing phases: the cases run, the
+    failures found, and the statuses each operation answered. Positive data need not be
+    accepted: a valid request may name a dimension past its model's width, or a prompt its
+    model lacks, a 400 no document can foresee (the test above holds the checks and the
+    document to each other)."""
+    config = SchemathesisConfig.from_dict({
+        "seed": 1,
+        "cache": {"enabled": False},  # nothing carried over from an earlier run
+        "workers": 1,
+        "headers": headers,
+        "phases": {"stateful": {"enabled": False}},
+        "generation": {"max-examples": 10, "deterministic": True},
+        "checks": {"positive_data_acceptance": {"enabled": False}},
+    })  # fmt: skip
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config, headers=headers)
+    cases = 0
+    failures: list[str] = []
+    answered: dict[str, set[int]] = {}
+    for event in from_schema(schema).execute():
+        if isinstance(event, events.ScenarioFinished):
+            recorder = event.recorder
+            cases += len(recorder.cases)
+            statuses = answered.setdefault(recorder.label, set())
+            statuses.update(i.response.status_code for i in recorder.interactions.values()
+                            if i.response is not None)  # fmt: skip
+            for checks in recorder.checks.values():
+                for check in checks:
+                    if check.status == Status.FAILURE and check.failure_info is not None:
+                        failed = check.failure_info
+                        failure = f"{failed.failure.title}: {failed.failure.message}"
+                        failures.append(f"{recorder.label} {failure}\n{failed.code_sample}")
+        elif isinstance(event, events.NonFatalError | events.FatalError):
+            failures.append(repr(event))
+    return cases, failures, answered
+
+
+def test_schemathesis_finds_no_5xx_and_no_answer_the_document_lacks() -> None:
+    cases, failures, answered = fuzz(app_with(preload=MINILM_NAME), {})
+    assert failures == []
+    assert cases > 300
+    # each operation answered 200 at least once: its body, real vectors among them, checked
+    assert all(200 in statuses for statuses in answered.values()), answered
+
+
+def test_schemathesis_finds_the_same_with_a_key() -> None:
+    app = app_with(preload=MINILM_NAME, api_key=KEY)
+    cases, failures, answered = fuzz(app, {"Authorization": f"Bearer {KEY}"})
+    assert failures == []
+    assert cases > 300
+    assert all({200, 401} <= statuses for label, statuses in answered.items()
+               if label != "GET /health"), answered  # fmt: skip
