@@ -509,10 +509,9 @@ def test_a_model_that_is_nowhere_is_a_404_with_or_without_pooling(server: Server
         "-x/y",
         "a/b..c",
         "a" * 100 + "/b",
-        f"{MINILM_NAME}\n",
         "~nouser/x",
         "a" * 300,
-        "a\u0000b",
+        "a" * 1024,
     ],
 )
 def test_a_model_name_that_is_no_path_and_no_repo_id_is_a_404(server: Server, name: str) -> None:
@@ -520,6 +519,19 @@ def test_a_model_name_that_is_no_path_and_no_repo_id_is_a_404(server: Server, na
     for pooling in (None, "mean"):
         body = {"model": name, "input": "x", "pooling": pooling}
         assert_envelope(post(server, "/v1/embeddings", json=body), 404, "model_not_found")
+
+
+@pytest.mark.parametrize(
+    "name", ["a" * 1025, "é" * 1025, f"{MINILM_NAME}\n", "a\u0000b", "a\tb", "a\u007fb", "a\u009bb"]
+)
+def test_a_model_name_too_long_or_with_a_control_character_is_a_400(
+    server: Server, name: str
+) -> None:
+    """No real path or repo id is that long or holds one, on either route."""
+    for path, body in (("/v1/embeddings", {"model": name, "input": "x"}),
+                       ("/embed", {"model": name, "inputs": "x"})):  # fmt: skip
+        error = assert_envelope(post(server, path, json=body), 400, "invalid_option")
+        assert error["param"] == "model"
 
 
 def test_a_request_cannot_name_a_package_source(server: Server) -> None:
@@ -756,12 +768,12 @@ def test_docs_and_openapi_describe_every_route(server: Server) -> None:
 
 def test_the_openapi_request_schemas_name_exactly_the_fields_the_server_accepts() -> None:
     from embedx.server.openapi import openapi_spec
-    from embedx.server.validation import OPENAI_FIELDS, TEI_FIELDS
+    from embedx.server.validation import OPENAI, TEI
 
-    paths = openapi_spec()["paths"]
-    for path, fields in (("/v1/embeddings", OPENAI_FIELDS), ("/embed", TEI_FIELDS)):
+    paths = openapi_spec(keyed=False, max_items=8, default_model=True)["paths"]
+    for path, family in (("/v1/embeddings", OPENAI), ("/embed", TEI)):
         schema = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
-        assert set(schema["properties"]) == fields, path
+        assert set(schema["properties"]) == family.fields(), path
 
 
 def test_keep_alive_is_read_in_seconds_minutes_and_hours() -> None:

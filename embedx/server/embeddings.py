@@ -14,7 +14,13 @@ from embedx.errors import ModelNotFound
 from embedx.registry import Resident
 from embedx.server.responses import json_bytes_response, json_response
 from embedx.server.state import ServerState
-from embedx.server.validation import EmbedRequest, check_json_body, parse_openai, parse_tei
+from embedx.server.validation import (
+    EmbedRequest,
+    check_json_body,
+    parse_openai,
+    parse_tei,
+    tei_default,
+)
 from embedx.untrusted import shown
 
 
@@ -106,8 +112,7 @@ def _item_heads(count: int) -> np.ndarray:
 
 async def embed_tei(state: ServerState, http: Request) -> Response:
     settings = state.settings
-    default = settings.default_model or next(iter(settings.preload), None)
-    request = parse_tei(await _json_body(http), settings.max_request_items, default)
+    request = parse_tei(await _json_body(http), settings.max_request_items, tei_default(settings))
     result = await _run(state, request)
     return json_response(result.vectors, headers=_timing(result))
 
