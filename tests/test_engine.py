@@ -385,7 +385,9 @@ async def test_a_request_that_fails_stops_tokenizing_its_other_texts(
 
     poison = "zyzzyva"  # one of its tokens is in no reference text
     texts = [poison, *(reference_texts * 40)][: FIRST_CHUNK + 4 * CHUNK]  # five chunks
-    async with make_engine(("cpu",), max_batch_tokens=4096) as engine:
+    # Texts cut to 8 tokens: the first chunk is two batches, so its poisoned batch runs soon
+    # whichever end the device takes, however busy the machine.
+    async with make_engine(("cpu",), max_batch_tokens=4096, max_seq_len=8) as engine:
         poison_id = int(engine.tokenizer.encode_now([poison]).ids[3])
         assert poison_id not in engine.tokenizer.encode_now(reference_texts).ids
         failed = threading.Event()
@@ -406,7 +408,7 @@ async def test_a_request_that_fails_stops_tokenizing_its_other_texts(
             nonlocal calls
             calls += 1
             if calls > 1:  # the first chunk's call runs; the next waits for the failure
-                assert failed.wait(60)
+                failed.wait()  # set by the first chunk's batches (pytest-timeout bounds a bug)
             return encode(batch)
 
         tokenizer._encode = held

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from blacksheep import Content, Request, Response
 
@@ -12,6 +13,7 @@ from embedx.server.metrics import render
 from embedx.server.openapi import docs_page, openapi_spec
 from embedx.server.responses import json_response
 from embedx.server.state import ServerState
+from embedx.server.validation import tei_default
 
 
 async def health(state: ServerState, http: Request) -> Response:
@@ -48,8 +50,20 @@ async def metrics(state: ServerState, http: Request) -> Response:
 
 
 async def openapi_json(state: ServerState, http: Request) -> Response:
-    return json_response(openapi_spec())
+    return json_response(openapi_spec(**_described(state)))
 
 
 async def docs(state: ServerState, http: Request) -> Response:
-    return Response(200, None, Content(b"text/html; charset=utf-8", docs_page().encode()))
+    page = docs_page(**_described(state))
+    return Response(200, None, Content(b"text/html; charset=utf-8", page.encode()))
+
+
+def _described(state: ServerState) -> dict[str, Any]:
+    """The settings the description depends on: whether a key is needed, how many texts a
+    request takes, whether TEI's requests may name no model."""
+    settings = state.settings
+    return {
+        "keyed": settings.api_key is not None,
+        "max_items": settings.max_request_items,
+        "default_model": tei_default(settings) is not None,
+    }

@@ -17,6 +17,7 @@ from embedx.server.admission import Admission
 from embedx.server.edge import ERROR_CODE, REQUEST_ID, Edge, route_of
 from embedx.server.responses import error_response
 from embedx.server.state import ServerState
+from embedx.untrusted import shown
 
 log = logging.getLogger("embedx.server")
 Handler = Callable[[ServerState, Request], Awaitable[Response]]
@@ -84,11 +85,12 @@ async def _fallback(request: Request) -> Response:
     allowed = [method for method, known, _ in ROUTES if route_of(path, (known,))]
     if "GET" in allowed:
         allowed.append("HEAD")  # the edge answers HEAD as GET without the body
+    method = shown(request.method)
     if allowed:
         return _answer(
-            request, MethodNotAllowed(f"{request.method} is not allowed on {path}", allow=allowed)
+            request, MethodNotAllowed(f"{method} is not allowed on {shown(path)}", allow=allowed)
         )
-    return _answer(request, NotFound(f"no route {request.method} {path}; see /docs"))
+    return _answer(request, NotFound(f"no route {method} {shown(path)}; see /docs"))
 
 
 async def _embedx_error(app: Any, request: Request, error: EmbedxError) -> Response:

@@ -27,6 +27,7 @@ from embedx.errors import (
 from embedx.server.metrics import CLIENT_CLOSED
 from embedx.server.responses import error_body
 from embedx.server.state import ServerState
+from embedx.untrusted import shown
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -40,6 +41,7 @@ OPEN_PATHS = frozenset({"/health"})  # no key needed
 REQUEST_ID = "embedx.request_id"  # the scope key that carries a request's id to the app
 ERROR_CODE = "embedx.error_code"  # where the app leaves an error's code, for metrics and the log
 MAX_REQUEST_ID = 128
+MAX_LOGGED_PATH = 1024
 REQUEST_ID_BYTES = re.compile(rb"^[!-~]+$")  # printable ASCII, no spaces: safe in a log line
 # What a browser page on an allowed origin may send and read (CORS).
 CORS_METHODS = b"GET, POST"
@@ -124,7 +126,7 @@ class Edge:
             access.info(
                 "%s %s %d %.1f ms id=%s%s",
                 method,
-                path if path.isprintable() else ascii(path)[1:-1],  # a %0A forges no line
+                shown(path, MAX_LOGGED_PATH),  # a %0A forges no line, a long one fills no disk
                 response.status,
                 seconds * 1000,
                 request_id,

@@ -14,7 +14,14 @@ from embedx.errors import ModelNotFound
 from embedx.registry import Resident
 from embedx.server.responses import json_bytes_response, json_response
 from embedx.server.state import ServerState
-from embedx.server.validation import EmbedRequest, check_json_body, parse_openai, parse_tei
+from embedx.server.validation import (
+    EmbedRequest,
+    check_json_body,
+    parse_openai,
+    parse_tei,
+    tei_default,
+)
+from embedx.untrusted import shown
 
 
 async def _run(
@@ -105,8 +112,7 @@ def _item_heads(count: int) -> np.ndarray:
 
 async def embed_tei(state: ServerState, http: Request) -> Response:
     settings = state.settings
-    default = settings.default_model or next(iter(settings.preload), None)
-    request = parse_tei(await _json_body(http), settings.max_request_items, default)
+    request = parse_tei(await _json_body(http), settings.max_request_items, tei_default(settings))
     result = await _run(state, request)
     return json_response(result.vectors, headers=_timing(result))
 
@@ -134,11 +140,11 @@ async def list_models(state: ServerState, http: Request) -> Response:
 async def retrieve_model(state: ServerState, http: Request) -> Response:
     """GET /v1/models/{model}: the OpenAI SDK's `models.retrieve`. Names like `org/model`
     arrive with their slash percent-encoded by the SDK, or as is from curl: both match."""
-    name = http.route_values["model"]
+    name = http.route_values["model"] or ""  # always there: the route has {model}
     resident = {r.spec.name: r for r in state.registry.residents()}
     if name not in resident and name not in state.registry.catalog:
         raise ModelNotFound(
-            f"model {name!r} is neither in this server's catalog nor loaded; "
+            f"model '{shown(name)}' is neither in this server's catalog nor loaded; "
             "GET /v1/models lists those",
             param="model",
         )

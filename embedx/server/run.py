@@ -17,6 +17,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from embedx.config import Settings
+from embedx.server import logs
 from embedx.server.app import create_app
 from embedx.server.edge import Edge
 from embedx.server.rsgi import LifespanFailed, RsgiBridge, lifespan
@@ -39,9 +40,7 @@ class _ConnectionsLeft(Exception):
 def serve(settings: Settings) -> int:
     import uvloop
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(settings.log_level)
     if not _loopback(settings.host) and not settings.api_key:
         log.warning(
             "binding %s with no API key: anyone who can reach this port can use the server "
