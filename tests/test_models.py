@@ -32,6 +32,7 @@ from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, tok
 from embedx.models.pooling import Pooling, finish, pool
 from embedx.models.source import ModelFiles, check_exists, resolve
 from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, TextTokenizer
+from tests.conftest import RemoteCodeModel
 
 CPU = torch.device("cpu")
 TEXTS = ["hello world", "a somewhat longer sentence, with more words in it", "x " * 40, "fox"]
@@ -872,6 +873,60 @@ def test_a_dense_module_with_pickle_weights_is_refused(minilm_dir: Path, tmp_pat
     (directory / "2_Dense" / "pytorch_model.bin").write_bytes(b"never unpickled")
     with pytest.raises(PickleOnlyWeights):
         resolve(str(directory))
+
+
+# -- a model's own code ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def answers_yes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A terminal whose user answers yes to any question; the questions asked, in order.
+    transformers, left to its default, asks there whether to run a model's code (on the
+    main thread; on any other it refuses)."""
+    asked: list[str] = []
+
+    def answer(prompt: str = "") -> str:
+        asked.append(prompt)
+        return "y"
+
+    monkeypatch.setattr("builtins.input", answer)
+    return asked
+
+
+@pytest.mark.parametrize("implementation", ["auto", "transformers"])
+def test_a_models_own_code_never_runs_and_nobody_is_asked(
+    remote_code_model: RemoteCodeModel, answers_yes: list[str], implementation: str
+) -> None:
+    files = resolve(str(remote_code_model.directory))
+    with pytest.raises(ValueError, match="custom code"):
+        EmbeddingModel(files, Pooling.MEAN, CPU, "float32", implementation)
+    assert answers_yes == []
+    assert not remote_code_model.marker.exists()
+
+
+def test_a_slow_tokenizer_never_runs_the_models_own_code(
+    remote_code_model: RemoteCodeModel, answers_yes: list[str]
+) -> None:
+    """No tokenizer.json: transformers converts vocab.txt, reading the config (auto_map and
+    all) on the way."""
+    tokenizer = TextTokenizer(resolve(str(remote_code_model.directory)), 256)
+    assert tokenizer.encode_now(["hello"]).views()  # its own BERT tokenizer, not the model's
+    assert answers_yes == []
+    assert not remote_code_model.marker.exists()
+
+
+@pytest.mark.parametrize("implementation", ["auto", "transformers"])
+def test_the_library_refuses_a_model_that_needs_its_own_code(
+    remote_code_model: RemoteCodeModel, tmp_path: Path, implementation: str
+) -> None:
+    from embedx import Embedder
+
+    models = tmp_path / "models.toml"
+    models.write_text(f'[models.remote]\nsource = "{remote_code_model.directory}"\n'
+                      f'pooling = "mean"\nimplementation = "{implementation}"\n')  # fmt: skip
+    with pytest.raises(InvalidModel, match="custom code"):
+        Embedder("remote", models_file=str(models))
+    assert not remote_code_model.marker.exists()
 
 
 @pytest.mark.parametrize("dimensions", [384, 1024, 1001, 7, 1])  # 0, 2 and 1 '=' a row
