@@ -29,6 +29,7 @@ ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "
                   "*/*.safetensors"]  # fmt: skip
 REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?\Z")
 PACKAGE_PREFIX = "package:"  # a source in an installed Python package (models file only)
+HUB_PREFIX = "hf:"  # a source on the Hugging Face hub (or in its cache), never a local directory
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +66,13 @@ def resolve(source: str, revision: str | None = None) -> ModelFiles:
     if source.startswith(PACKAGE_PREFIX):
         directory = _package_directory(source.removeprefix(PACKAGE_PREFIX))
         return inspect_directory(directory, origin=source)
-    local = local_directory(source)
+    local = None if source.startswith(HUB_PREFIX) else local_directory(source)
     if local is not None:
         return inspect_directory(local.resolve(), origin=str(local))
-    _check_repo_id(source)
-    directory, resolved = _hub_snapshot(source, revision)
-    return inspect_directory(directory, origin=f"hf:{source}", revision=resolved)
+    repo_id = source.removeprefix(HUB_PREFIX)
+    _check_repo_id(repo_id)
+    directory, resolved = _hub_snapshot(repo_id, revision)
+    return inspect_directory(directory, origin=HUB_PREFIX + repo_id, revision=resolved)
 
 
 def check_exists(source: str, revision: str | None = None) -> bool:
@@ -84,12 +86,13 @@ def check_exists(source: str, revision: str | None = None) -> bool:
         if importlib.util.find_spec(module.split(".")[0]) is None:
             raise _not_installed(module)
         return True
-    if local_directory(source) is not None:
+    if not source.startswith(HUB_PREFIX) and local_directory(source) is not None:
         return True
-    _check_repo_id(source)
-    if _cached_snapshot(source, revision) is None:
+    repo_id = source.removeprefix(HUB_PREFIX)
+    _check_repo_id(repo_id)
+    if _cached_snapshot(repo_id, revision) is None:
         try:
-            _hub_info(source, revision)
+            _hub_info(repo_id, revision)
         except UnverifiableWeights:
             return False
     return True
@@ -107,17 +110,22 @@ def local_directory(source: str) -> Path | None:
         return None
 
 
-def _check_repo_id(source: str) -> None:
+def is_repo_id(name: str) -> bool:
+    """Whether `name` can be a Hugging Face repo id (by the hub's own rules), asking nothing."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]
 
-    valid = not source.startswith(("/", ".", "~")) and REPO_ID.match(source) is not None
-    if valid:
-        try:
-            validate_repo_id(source)  # the hub's own rules (`--`, `..`, length), before asking it
-        except HFValidationError:
-            valid = False
-    if not valid:
+    if name.startswith(("/", ".", "~")) or REPO_ID.match(name) is None:
+        return False
+    try:
+        validate_repo_id(name)  # `--`, `..`, length
+    except HFValidationError:
+        return False
+    return True
+
+
+def _check_repo_id(source: str) -> None:
+    if not is_repo_id(source):
         raise ModelNotFound(
             f"model {source!r} is not a directory and not a Hugging Face repo id", param="model"
         )
