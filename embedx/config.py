@@ -268,6 +268,19 @@ class Settings:
     catalog_only: bool = _setting(
         False, _bool, "Serve only catalog models; any other name is a 404."
     )
+    allow_local_paths: bool = _setting(
+        False,
+        _bool,
+        "Let requests name a local model directory by its path (else only catalog names and "
+        "Hugging Face repo ids). Any client can then read any model directory the server can, "
+        "and learn which paths exist.",
+    )
+    show_model_sources: bool = _setting(
+        False,
+        _bool,
+        "Show where each model's files lie (its directory) and EMBEDX_MODELS_FILE's path in "
+        "/info; off, clients see model names only.",
+    )
     revision: str | None = _setting(
         None, _optional(_text), "Default Hugging Face revision for hub models.", "unset"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import hashlib
 import logging
 import math
 import time
@@ -32,10 +33,18 @@ from embedx.errors import (
 from embedx.models.catalog import ModelSpec, check_dtype
 from embedx.models.loader import dtype_on, weight_bytes
 from embedx.models.pooling import Pooling
-from embedx.models.source import PACKAGE_PREFIX, check_exists, local_directory
+from embedx.models.source import (
+    HUB_PREFIX,
+    PACKAGE_PREFIX,
+    check_exists,
+    is_repo_id,
+    local_directory,
+)
 from embedx.telemetry import Histogram
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from embedx.devices import Accelerator, DeviceInfo
     from embedx.models.source import ModelFiles
 
@@ -100,8 +109,14 @@ class ModelRegistry:
         catalog: dict[str, ModelSpec],
         devices: Sequence[DeviceInfo],
         open_accelerator: Callable[[DeviceInfo], Accelerator],
+        *,
+        local_paths: bool = True,
     ) -> None:
         self.settings = settings
+        # Whether a name the catalog lacks may be a local directory: so for the library and
+        # the CLI, whose caller is the operator; the server's requests only if its operator
+        # says so (EMBEDX_ALLOW_LOCAL_PATHS).
+        self.local_paths = local_paths
         self.catalog = catalog
         self.devices = list(devices)
         self._open_accelerator = open_accelerator
@@ -122,7 +137,8 @@ class ModelRegistry:
 
     def spec_for(self, name: str, request: LoadRequest) -> ModelSpec:
         """The catalog's entry for `name`, or (unless catalog-only) a spec built from the
-        request, with the request's load fields filling what the catalog leaves open."""
+        request, with the request's load fields filling what the catalog leaves open. Without
+        local paths, a name the catalog lacks is a Hugging Face repo id or nothing."""
         if request.dtype is not None:
             check_dtype(request.dtype)
         spec = self.catalog.get(name)
@@ -138,7 +154,19 @@ class ModelRegistry:
                     "named in the models file, not by requests",
                     param="model",
                 )
-            spec = ModelSpec(name=name, source=name, revision=self.settings.revision)
+            source = name
+            if not self.local_paths:
+                # Decided from the name alone, never the disk: a path that exists and one that
+                # does not get the same answer, so none can be probed.
+                if not is_repo_id(name):
+                    raise ModelNotFound(
+                        f"model {name!r} is neither in this server's catalog nor a Hugging Face "
+                        "repo id; requests may not name local directories here "
+                        f"(EMBEDX_ALLOW_LOCAL_PATHS is off){self._did_you_mean(name)}",
+                        param="model",
+                    )
+                source = HUB_PREFIX + name  # `org/model` is never a directory of the same name
+            spec = ModelSpec(name=name, source=source, revision=self.settings.revision)
         pooling = _asked_pooling(name, spec.pooling, request.pooling)
         _asked_length(name, spec.max_seq_len, request.max_seq_len)
         return spec.with_overrides(
@@ -167,13 +195,18 @@ class ModelRegistry:
         close = same or difflib.get_close_matches(name, list(self.catalog), n=1, cutoff=0.8)
         return f"; did you mean {close[0]!r}?" if close else ""
 
-    def _canonical(self, name: str) -> str:
-        """A local directory's name as one path, however a request spells it (`/m`, `/m/`,
-        `//./m`): one resident each, not a copy of the weights per spelling."""
-        if name in self.catalog or self.settings.catalog_only:
-            return name
+    def _served_as(self, name: str) -> tuple[str, Path | None]:
+        """The name a request's model is served under, and the directory it names if it is a
+        local one. That directory is one model however a request spells it (`/m`, `/m/`,
+        `//./m`), not a copy of the weights per spelling, and its name says where it is to
+        no client (see `local_name`)."""
+        if name in self.catalog or self.settings.catalog_only or not self.local_paths:
+            return name, None
         directory = local_directory(name)
-        return str(directory.resolve()) if directory is not None else name
+        if directory is None:
+            return name, None
+        resolved = directory.resolve()
+        return local_name(resolved), resolved
 
     # -- leases --------------------------------------------------------------------------
 
@@ -187,21 +220,23 @@ class ModelRegistry:
         finally:
             self._release(resident)
 
-    async def _acquire(self, name: str, request: LoadRequest) -> Resident:
+    async def _acquire(self, asked: str, request: LoadRequest) -> Resident:
         if self._closing:
             raise ShuttingDown("the server is shutting down")
-        name = self._canonical(name)
+        name, directory = self._served_as(asked)
         if name not in self._models:
             self._check_failed(name)
-            spec = self.spec_for(name, request)
+            spec = self.spec_for(asked, request)
+            if directory is not None:
+                spec = spec.with_overrides(name=name, source=str(directory))
             if spec.pooling is None or len(self._models) >= self.settings.max_loaded_models:
                 # A name that leads nowhere (a typo, an OpenAI model's) is a 404: not a request
                 # to state how a model that does not exist pools, nor a reason to evict one
                 # that does. (Below the cap nothing is evicted: its load finds out, and the
                 # first requests are not held up by a lookup.)
-                found = await asyncio.to_thread(self.look_up, name, spec)
+                found = await asyncio.to_thread(self.look_up, asked, spec)
                 if spec.pooling is None:
-                    hint = self._did_you_mean(name)
+                    hint = self._did_you_mean(asked)
                     unchecked = (
                         ""
                         if found
@@ -209,7 +244,7 @@ class ModelRegistry:
                         "exists; with HF_HUB_OFFLINE=1 a name found nowhere is a 404)"
                     )
                     raise PoolingRequired(
-                        f"model {name!r} is not loaded and its pooling is unknown{unchecked}: "
+                        f"model {asked!r} is not loaded and its pooling is unknown{unchecked}: "
                         "send pooling (cls, mean or last_token) with the first request, or add "
                         f"it to the catalog. embedx never guesses pooling{hint}",
                         param="pooling",
@@ -217,6 +252,8 @@ class ModelRegistry:
                 if self._closing:
                     raise ShuttingDown("the server is shutting down")
             if name not in self._models:  # no other request started it while this one looked
+                if directory is not None:  # its name, for the operator: no client sees this
+                    log.info("%s is the directory %s", name, directory)
                 self._reserve(spec)
         resident = self._models[name]
         if request.dtype is not None:  # ignored once it is loaded, but never wrong
@@ -286,6 +323,7 @@ class ModelRegistry:
 
     async def _load(self, resident: Resident) -> Engine:
         spec = resident.spec
+        files: ModelFiles | None = None
         try:
             # Their memory must be free before this model takes it: one evicted to make room,
             # or unloaded a moment ago (keep_alive 0, idle) and now asked for again.
@@ -306,13 +344,16 @@ class ModelRegistry:
                             raise
                 seconds = time.monotonic() - started
         except BaseException as exc:
+            said = exc.message if isinstance(exc, EmbedxError) else ""
+            if isinstance(exc, EmbedxError):  # the log may say where its files lie; no client
+                _hide_directory(exc, spec, files)
             if self._models.get(spec.name) is resident:
                 del self._models[spec.name]
             # a request's own options (a max_seq_len past the model's) are its client's error
             if isinstance(exc, EmbedxError) and not isinstance(exc, ShuttingDown | InvalidOption):
                 self.load_failures[exc.code] += 1
                 level = logging.ERROR if exc.status >= 500 else logging.WARNING  # files: 4xx
-                log.log(level, "loading %s failed: %s", spec.name, exc.message)
+                log.log(level, "loading %s failed: %s", spec.name, said)
                 if self._kept_loaded(spec.name) and not self._closing:
                     # the server was started to serve it: it tries again with no request
                     # waiting, and /health fails until it loads
@@ -490,12 +531,23 @@ class ModelRegistry:
                 if engine is not None
                 else {"model": resident.spec.name, "state": EngineState.LOADING.value}
             )
+            if engine is not None:
+                entry.update(self._sources(engine.files))
             entry["users"] = resident.users
             keep_alive = resident.keep_alive_s  # None: preloaded, kept for good (JSON has no inf)
             entry["keep_alive_s"] = None if keep_alive == FOREVER else keep_alive
             entry["idle_s"] = 0.0 if resident.users else round(now - resident.last_used, 1)
             described.append(entry)
         return described
+
+    def _sources(self, files: ModelFiles) -> dict[str, str]:
+        """Where a model's files come from, as /info shows it: a local directory only as one,
+        unless the operator asks to see where (EMBEDX_SHOW_MODEL_SOURCES)."""
+        if self.settings.show_model_sources:
+            return {"source": files.origin, "directory": str(files.directory)}
+        if files.origin.startswith((HUB_PREFIX, PACKAGE_PREFIX)):
+            return {"source": files.origin}
+        return {"source": "local directory"}
 
     def failing(self) -> list[str]:
         """Models kept for the server's life whose last load failed: until each loads again,
@@ -521,6 +573,29 @@ class ModelRegistry:
                 if not device.up:
                     found.append(f"{resident.spec.name}: {device.device} ({device.reason})")
         return found
+
+
+def local_name(directory: Path) -> str:
+    """The name a local directory that a request named is served under: its own name and a
+    digest of its path, one name per directory, that tells no client where it is."""
+    digest = hashlib.sha256(str(directory).encode(errors="surrogateescape")).hexdigest()
+    return f"local:{directory.name}@{digest[:12]}"
+
+
+def _hide_directory(error: EmbedxError, spec: ModelSpec, files: ModelFiles | None) -> None:
+    """Put the model's name where the error of its load says where its files lie (embedx's
+    messages name files relative to the model's directory, but transformers' and others' name
+    the directory): no client is told where a model's files are on the server's disk."""
+    found = {str(files.directory)} if files is not None else set()
+    if not spec.source.startswith((HUB_PREFIX, PACKAGE_PREFIX)):
+        found.add(spec.source)
+        directory = local_directory(spec.source)
+        if directory is not None:
+            found |= {str(directory), str(directory.resolve())}
+    # a relative spelling says nothing of the disk (and `m` would match inside words)
+    for spelling in sorted((f for f in found if f.startswith(("/", "~"))), key=len, reverse=True):
+        error.message = error.message.replace(spelling, spec.name)
+    error.args = (error.message,)
 
 
 def check_preload(settings: Settings, catalog: Mapping[str, ModelSpec]) -> None:

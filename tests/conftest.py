@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,40 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> d
 def _built(build: Callable[..., str], shape: str, directory: Path, tokenizer: Path) -> Path:
     build(shape, directory, tokenizer, tiny=True)
     return directory
+
+
+@dataclass(frozen=True)
+class RemoteCodeModel:
+    """A model directory whose config names its own Python (`auto_map`), which writes
+    `marker` when imported: MiniLM's weights and slow tokenizer files, under a model_type
+    that transformers has no code for."""
+
+    directory: Path
+    marker: Path
+
+
+@pytest.fixture
+def remote_code_model(tmp_path: Path, minilm_dir: Path) -> RemoteCodeModel:
+    directory = tmp_path / "remote-code"
+    directory.mkdir()
+    marker = tmp_path / "its-code-ran"
+    for name in ("model.safetensors", "vocab.txt", "tokenizer_config.json",
+                 "special_tokens_map.json"):  # fmt: skip
+        (directory / name).write_bytes((minilm_dir / name).read_bytes())
+    config = json.loads((minilm_dir / "config.json").read_text())
+    config["model_type"] = "embedx-remote"
+    config["auto_map"] = {"AutoConfig": "configuration_x.XConfig", "AutoModel": "modeling_x.XModel"}
+    (directory / "config.json").write_text(json.dumps(config))
+    runs = f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+    (directory / "configuration_x.py").write_text(
+        runs + "from transformers import BertConfig\n\n"
+        "class XConfig(BertConfig):\n    model_type = 'embedx-remote'\n"
+    )
+    (directory / "modeling_x.py").write_text(
+        runs + "from transformers import BertModel\nfrom .configuration_x import XConfig\n\n"
+        "class XModel(BertModel):\n    config_class = XConfig\n"
+    )
+    return RemoteCodeModel(directory, marker)
 
 
 def cpu_info(key: str = "cpu", score: float = 1.0) -> Any:

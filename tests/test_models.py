@@ -32,6 +32,7 @@ from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, tok
 from embedx.models.pooling import Pooling, pool
 from embedx.models.source import ModelFiles, check_exists, resolve
 from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, TextTokenizer
+from tests.conftest import RemoteCodeModel
 
 CPU = torch.device("cpu")
 TEXTS = ["hello world", "a somewhat longer sentence, with more words in it", "x " * 40, "fox"]
@@ -91,6 +92,87 @@ def test_a_shard_index_without_a_weight_map_is_invalid(
     (directory / "model.safetensors.index.json").write_text(listing)
     with pytest.raises(InvalidModel, match="no weight_map"):
         resolve(str(directory))
+
+
+def linked_copy(source: Path, directory: Path) -> Path:
+    """`source` as links, as the Hugging Face cache lays out a snapshot (its files are links
+    into a blobs folder outside it)."""
+    directory.mkdir()
+    for original in source.iterdir():
+        (directory / original.name).symlink_to(original)
+    return directory
+
+
+def dense_module(directory: Path) -> Path:
+    """A sentence-transformers Dense module's directory (config and weights) at `directory`."""
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    (directory / "config.json").write_text('{"in_features": 384, "out_features": 8}')
+    save_file({"linear.weight": torch.zeros(8, 384)}, str(directory / "model.safetensors"))
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["Dense", "Pooling"])
+@pytest.mark.parametrize("where", ["../outside", "1_Pooling/../../outside", "absolute"])
+def test_a_module_path_outside_the_model_directory_is_refused(
+    minilm_dir: Path, tmp_path: Path, kind: str, where: str
+) -> None:
+    outside = dense_module(tmp_path / "outside")  # there: it would be read if followed
+    directory = linked_copy(minilm_dir, tmp_path / "model")
+    (directory / "modules.json").unlink()
+    path = str(outside) if where == "absolute" else where
+    modules = [{"path": "", "type": "sentence_transformers.models.Transformer"},
+               {"path": path, "type": f"sentence_transformers.models.{kind}"}]  # fmt: skip
+    (directory / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(InvalidModel, match=r"modules.json names .* outside the model directory"):
+        resolve(str(directory))
+
+
+@pytest.mark.parametrize("where", ["../outside.safetensors", "absolute"])
+def test_a_shard_outside_the_model_directory_is_refused(
+    minilm_dir: Path, tmp_path: Path, where: str
+) -> None:
+    outside = tmp_path / "outside.safetensors"
+    outside.symlink_to(minilm_dir / "model.safetensors")  # there: it would be loaded if followed
+    directory = copy_without_weights(minilm_dir, tmp_path / "sharded")
+    shard = str(outside) if where == "absolute" else where
+    index = {"weight_map": {"embeddings.word_embeddings.weight": shard}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(InvalidModel, match=r"index.json names .* outside the model directory"):
+        resolve(str(directory))
+
+
+def test_a_shard_the_index_names_but_the_directory_lacks_is_named(
+    minilm_dir: Path, tmp_path: Path
+) -> None:
+    directory = copy_without_weights(minilm_dir, tmp_path / "sharded")
+    index = {"weight_map": {"embeddings.word_embeddings.weight": "model-1-of-2.safetensors"}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(InvalidModel, match=r"'model-1-of-2\.safetensors', which is not in"):
+        resolve(str(directory))
+
+
+def test_a_directory_of_links_to_files_elsewhere_resolves_as_the_hub_cache_lays_them_out(
+    minilm_dir: Path, tmp_path: Path
+) -> None:
+    """Paths are checked as written, not resolved: every file of a cached snapshot is a
+    link out of it, and a module or shard may be one too."""
+    directory = linked_copy(minilm_dir, tmp_path / "snapshot")
+    (directory / "model.safetensors").unlink()
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"all": "weights/model.safetensors"}})
+    )
+    (directory / "weights").mkdir()
+    (directory / "weights" / "model.safetensors").symlink_to(minilm_dir / "model.safetensors")
+    modules = json.loads((minilm_dir / "modules.json").read_text())
+    modules.insert(2, {"path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (directory / "modules.json").unlink()
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "2_Dense").symlink_to(dense_module(tmp_path / "blobs-dense"))
+    files = resolve(str(directory))
+    assert files.weights == (directory / "weights" / "model.safetensors",)
+    assert files.dense[0].weights == directory / "2_Dense" / "model.safetensors"
 
 
 def test_an_uncached_hub_model_on_an_offline_server_is_not_found(
@@ -775,3 +857,57 @@ def test_a_dense_module_with_pickle_weights_is_refused(minilm_dir: Path, tmp_pat
     (directory / "2_Dense" / "pytorch_model.bin").write_bytes(b"never unpickled")
     with pytest.raises(PickleOnlyWeights):
         resolve(str(directory))
+
+
+# -- a model's own code ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def answers_yes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A terminal whose user answers yes to any question; the questions asked, in order.
+    transformers, left to its default, asks there whether to run a model's code (on the
+    main thread; on any other it refuses)."""
+    asked: list[str] = []
+
+    def answer(prompt: str = "") -> str:
+        asked.append(prompt)
+        return "y"
+
+    monkeypatch.setattr("builtins.input", answer)
+    return asked
+
+
+@pytest.mark.parametrize("implementation", ["auto", "transformers"])
+def test_a_models_own_code_never_runs_and_nobody_is_asked(
+    remote_code_model: RemoteCodeModel, answers_yes: list[str], implementation: str
+) -> None:
+    files = resolve(str(remote_code_model.directory))
+    with pytest.raises(ValueError, match="custom code"):
+        EmbeddingModel(files, Pooling.MEAN, CPU, "float32", implementation)
+    assert answers_yes == []
+    assert not remote_code_model.marker.exists()
+
+
+def test_a_slow_tokenizer_never_runs_the_models_own_code(
+    remote_code_model: RemoteCodeModel, answers_yes: list[str]
+) -> None:
+    """No tokenizer.json: transformers converts vocab.txt, reading the config (auto_map and
+    all) on the way."""
+    tokenizer = TextTokenizer(resolve(str(remote_code_model.directory)), 256)
+    assert tokenizer.encode_now(["hello"]).views()  # its own BERT tokenizer, not the model's
+    assert answers_yes == []
+    assert not remote_code_model.marker.exists()
+
+
+@pytest.mark.parametrize("implementation", ["auto", "transformers"])
+def test_the_library_refuses_a_model_that_needs_its_own_code(
+    remote_code_model: RemoteCodeModel, tmp_path: Path, implementation: str
+) -> None:
+    from embedx import Embedder
+
+    models = tmp_path / "models.toml"
+    models.write_text(f'[models.remote]\nsource = "{remote_code_model.directory}"\n'
+                      f'pooling = "mean"\nimplementation = "{implementation}"\n')  # fmt: skip
+    with pytest.raises(InvalidModel, match="custom code"):
+        Embedder("remote", models_file=str(models))
+    assert not remote_code_model.marker.exists()

@@ -15,18 +15,26 @@ from embedx.engine import Engine
 from embedx.errors import InvalidModel, ModelNotFound, ModelsBusy, PoolingConflict, PoolingRequired
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
-from embedx.registry import LoadRequest, ModelRegistry
+from embedx.registry import LoadRequest, ModelRegistry, local_name
 from tests.conftest import MINILM_NAME, cpu_info
 
 pytestmark = pytest.mark.anyio
 
 
-def registry(tiny: dict[str, Path] | None = None, **settings: Any) -> ModelRegistry:
+def registry(
+    tiny: dict[str, Path] | None = None, local_paths: bool = True, **settings: Any
+) -> ModelRegistry:
     catalog = load_catalog(None)
     for shape, directory in (tiny or {}).items():
         catalog[shape] = ModelSpec(name=shape, source=str(directory), pooling=Pooling.MEAN)
     values = {"smoke_test_on_load": "false", **{k: str(v) for k, v in settings.items()}}
-    return ModelRegistry(load_settings(values, environ={}), catalog, [cpu_info()], CpuAccelerator)
+    return ModelRegistry(
+        load_settings(values, environ={}),
+        catalog,
+        [cpu_info()],
+        CpuAccelerator,
+        local_paths=local_paths,
+    )
 
 
 async def test_a_model_loads_once_however_many_ask_at_once() -> None:
@@ -117,9 +125,37 @@ async def test_a_directory_is_one_model_however_its_path_is_spelled(minilm_dir: 
     for spelling in (str(minilm_dir), f"{minilm_dir}/", f"{minilm_dir}/./", f"/{minilm_dir}"):
         async with models.lease(spelling, LoadRequest(pooling="mean")):
             pass
-    canonical = str(minilm_dir.resolve())  # noqa: ASYNC240 (a test's one stat)
-    assert [r.spec.name for r in models.residents()] == [canonical]
+    canonical = minilm_dir.resolve()  # noqa: ASYNC240 (a test's one stat)
+    assert [(r.spec.name, r.spec.source) for r in models.residents()] == [
+        (local_name(canonical), str(canonical))
+    ]
+    assert str(canonical) not in local_name(canonical)
     await models.drain(5)
+
+
+async def test_without_local_paths_a_name_is_never_looked_for_on_disk(
+    minilm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repo id is also a relative path: `org/model` in the working directory is not
+    served in its place, and a path gets the same 404 whether or not it exists."""
+    (tmp_path / "embedx-tests").mkdir()
+    (tmp_path / "embedx-tests" / "m").symlink_to(minilm_dir)
+    monkeypatch.chdir(tmp_path)
+    models = registry(local_paths=False)
+    messages = []
+    for name in ("embedx-tests/m", str(minilm_dir), str(tmp_path / "missing")):
+        with pytest.raises(ModelNotFound) as caught:
+            async with models.lease(name, LoadRequest(pooling="mean")):
+                pass
+        messages.append(caught.value.message.replace(repr(name), "NAME"))
+    assert "offline" in messages[0]  # looked for in the Hugging Face cache only
+    assert messages[1] == messages[2]
+    assert "EMBEDX_ALLOW_LOCAL_PATHS" in messages[1]
+    assert models.residents() == []
+    library = registry()  # the library's caller is the operator: its names may be paths
+    async with library.lease("embedx-tests/m", LoadRequest(pooling="mean")):
+        pass
+    await library.drain(5)
 
 
 async def test_a_pooling_other_than_the_one_its_files_state_is_served_with_a_warning(

@@ -26,7 +26,8 @@ import orjson
 import pytest
 
 from embedx.allocator import allocator
-from tests.conftest import MINILM_NAME
+from embedx.registry import local_name
+from tests.conftest import MINILM_NAME, RemoteCodeModel
 
 
 @dataclass
@@ -88,6 +89,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         max_request_items=600,
         max_request_bytes=400_000,
     ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def local_server(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Iterator[Server]:
+    """A server whose requests may name local directories (EMBEDX_ALLOW_LOCAL_PATHS), with a
+    catalog entry served from one."""
+    tmp = tmp_path_factory.mktemp("local-server")
+    models = tmp / "models.toml"
+    models.write_text(f'[models.local-minilm]\nsource = "{minilm_dir}"\npooling = "mean"\n')
+    with running_server(tmp, allow_local_paths="true", models_file=models) as running:
         yield running
 
 
@@ -478,9 +490,10 @@ def test_a_pooling_conflict_is_a_409_the_sdk_does_not_retry(server: Server) -> N
     assert len(sent) == 1
 
 
-def test_a_first_load_without_pooling_is_a_400(server: Server, minilm_dir: Path) -> None:
+def test_a_first_load_without_pooling_is_a_400(local_server: Server, minilm_dir: Path) -> None:
     body = {"model": str(minilm_dir), "input": "x"}
-    error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, "pooling_required")
+    response = post(local_server, "/v1/embeddings", json=body)
+    error = assert_envelope(response, 400, "pooling_required")
     assert error["param"] == "pooling"
 
 
@@ -541,22 +554,25 @@ def test_a_request_cannot_name_a_package_source(server: Server) -> None:
     assert "models file" in error["message"]
 
 
-def test_a_max_seq_len_beyond_the_model_is_a_400(server: Server, minilm_dir: Path) -> None:
+def test_a_max_seq_len_beyond_the_model_is_a_400(local_server: Server, minilm_dir: Path) -> None:
     body = {"model": str(minilm_dir), "input": "x", "pooling": "mean", "max_seq_len": 100_000}
-    error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, "invalid_option")
+    response = post(local_server, "/v1/embeddings", json=body)
+    error = assert_envelope(response, 400, "invalid_option")
     assert error["param"] == "max_seq_len"
     assert "512" in error["message"]
 
 
-def test_pickle_only_weights_are_a_400(server: Server, tmp_path: Path, minilm_dir: Path) -> None:
+def test_pickle_only_weights_are_a_400(
+    local_server: Server, tmp_path: Path, minilm_dir: Path
+) -> None:
     shutil.copytree(minilm_dir, tmp_path / "m", ignore=shutil.ignore_patterns("*.safetensors"))
     (tmp_path / "m" / "pytorch_model.bin").write_bytes(b"never unpickled")
     body = {"model": str(tmp_path / "m"), "input": "x", "pooling": "mean"}
-    assert_envelope(post(server, "/v1/embeddings", json=body), 400, "unsafe_weights")
+    assert_envelope(post(local_server, "/v1/embeddings", json=body), 400, "unsafe_weights")
 
 
 def test_a_model_whose_files_cannot_be_built_is_a_400_and_the_server_goes_on(
-    server: Server, tmp_path: Path, minilm_dir: Path
+    local_server: Server, tmp_path: Path, minilm_dir: Path
 ) -> None:
     def broken(
         name: str,
@@ -585,11 +601,86 @@ def test_a_model_whose_files_cannot_be_built_is_a_400_and_the_server_goes_on(
         broken("untokenized", without=("tokenizer*", "vocab.txt", "special_tokens_map.json")),
     ):
         body = {"model": model, "input": "x", "pooling": "mean"}
-        error = assert_envelope(post(server, "/v1/embeddings", json=body), 400, "invalid_model")
-        assert model in error["message"], error
+        response = post(local_server, "/v1/embeddings", json=body)
+        error = assert_envelope(response, 400, "invalid_model")
+        # named as it is served and listed, not by where it lies
+        assert local_name(Path(model).resolve()) in error["message"], error
+        assert str(tmp_path) not in response.text
         assert error["param"] == "model"
     body = {"model": MINILM_NAME, "input": "still serving"}
-    assert post(server, "/v1/embeddings", json=body).status_code == 200
+    assert post(local_server, "/v1/embeddings", json=body).status_code == 200
+
+
+def test_without_local_paths_a_path_gets_one_404_whether_or_not_it_exists(
+    server: Server, tmp_path: Path, minilm_dir: Path
+) -> None:
+    """The default: no request tells the disk's directories, users or processes apart."""
+    names = ["/root/.ssh", "/proc/1", "~daemon", "~root", os.getcwd(), ".", str(minilm_dir),
+             str(tmp_path), str(tmp_path / "missing"), "/no/such/directory"]  # fmt: skip
+    answers = set()
+    for name in names:
+        for pooling in (None, "mean"):
+            body = {"model": name, "input": "x", "pooling": pooling}
+            response = post(server, "/v1/embeddings", json=body)
+            error = assert_envelope(response, 404, "model_not_found")
+            answers.add(error["message"].replace(repr(name), "NAME"))
+    assert len(answers) == 1, answers
+    assert "EMBEDX_ALLOW_LOCAL_PATHS" in answers.pop()
+
+
+def linked(source: Path, directory: Path, without: tuple[str, ...] = ()) -> Path:
+    """A model directory of links to `source`'s files, but those named in `without`."""
+    directory.mkdir()
+    for original in source.iterdir():
+        if original.name not in without:
+            (directory / original.name).symlink_to(original)
+    return directory
+
+
+def test_with_local_paths_no_answer_says_where_a_model_lies(
+    local_server: Server, tmp_path: Path, minilm_dir: Path, remote_code_model: RemoteCodeModel
+) -> None:
+    """Every error a local directory's load can give names the model as it is served, and
+    its files relative to it: never the server's disk, the parts transformers names too."""
+    (tmp_path / "empty").mkdir()
+    linked(minilm_dir, tmp_path / "not-json", without=("config.json",))
+    (tmp_path / "not-json" / "config.json").write_text("{")
+    linked(minilm_dir, tmp_path / "no-weights", without=("model.safetensors",))
+    linked(minilm_dir, tmp_path / "pickled", without=("model.safetensors",))
+    (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"never unpickled")
+    linked(minilm_dir, tmp_path / "unknown", without=("config.json",))
+    config = json.loads((minilm_dir / "config.json").read_text())
+    (tmp_path / "unknown" / "config.json").write_text(json.dumps({**config, "model_type": "x"}))
+    linked(minilm_dir, tmp_path / "module-outside", without=("modules.json",))
+    modules = [{"path": "", "type": "sentence_transformers.models.Transformer"},
+               {"path": "../elsewhere", "type": "sentence_transformers.models.Dense"}]  # fmt: skip
+    (tmp_path / "module-outside" / "modules.json").write_text(json.dumps(modules))
+    linked(minilm_dir, tmp_path / "shard-outside", without=("model.safetensors",))
+    index = {"weight_map": {"all": str(minilm_dir / "model.safetensors")}}
+    (tmp_path / "shard-outside" / "model.safetensors.index.json").write_text(json.dumps(index))
+    cases = {
+        "empty": ("invalid_model", "has no config.json"),
+        "not-json": ("invalid_model", "config.json is not JSON"),
+        "no-weights": ("invalid_model", "no .safetensors file"),
+        "pickled": ("unsafe_weights", "only pickle"),
+        "unknown": ("invalid_model", "could not be built"),
+        "module-outside": ("invalid_model", "'../elsewhere', which is outside the model directory"),
+        "shard-outside": ("invalid_model", "an absolute path, which is outside the model"),
+        "remote-code": ("invalid_model", "custom code"),
+    }
+    for name, (code, said) in cases.items():
+        directory = tmp_path / name
+        body = {"model": str(directory), "input": "x", "pooling": "mean"}
+        for _ in range(2):  # its load, then its failure remembered
+            response = post(local_server, "/v1/embeddings", json=body)
+            error = assert_envelope(response, 400, code)
+            assert said in error["message"], error
+            assert local_name(directory.resolve()) in error["message"], error
+            assert str(tmp_path) not in response.text
+            assert str(minilm_dir) not in response.text
+    assert not remote_code_model.marker.exists()
+    for route in ("/health", "/info", "/metrics", "/v1/models"):
+        assert str(tmp_path) not in httpx.get(local_server.url + route).text, route
 
 
 def test_unknown_route_is_a_404_and_wrong_method_a_405(server: Server) -> None:
@@ -739,6 +830,45 @@ def test_metrics_are_prometheus_text(server: Server) -> None:
         'embedx_request_errors_total{route="/health",status="405",code="method_not_allowed"}'
         in text
     )
+
+
+def test_models_info_and_metrics_name_models_without_saying_where_they_lie(
+    local_server: Server, minilm_dir: Path
+) -> None:
+    """A directory a request named is served, listed and counted under one name for every
+    spelling of its path, which the listing's clients can use and which says no path."""
+    served = local_name(minilm_dir.resolve())
+    for model in (str(minilm_dir), f"{minilm_dir}/./", "local-minilm", served):
+        body = {"model": model, "input": "x", "pooling": "mean"}
+        assert post(local_server, "/v1/embeddings", json=body).is_success, model
+    listed = httpx.get(local_server.url + "/v1/models").json()["data"]
+    assert {served, "local-minilm"} <= {model["id"] for model in listed}
+    assert httpx.get(f"{local_server.url}/v1/models/{served}").json()["resident"]
+    info = httpx.get(local_server.url + "/info").json()
+    sources = {model["model"]: model["source"] for model in info["models"]}
+    assert sources[served] == sources["local-minilm"] == "local directory"
+    assert info["settings"]["models_file"] == "set"
+    metrics = httpx.get(local_server.url + "/metrics").text
+    assert f'embedx_queue_items{{model="{served}"}}' in metrics
+    for route in ("/v1/models", "/models", "/info", "/metrics", "/health"):
+        text = httpx.get(local_server.url + route).text
+        for path in (str(minilm_dir), str(minilm_dir.resolve()), "models.toml"):
+            assert path not in text, (route, path)
+
+
+def test_the_operator_may_ask_info_to_show_where_models_lie(
+    tmp_path: Path, minilm_dir: Path
+) -> None:
+    models = tmp_path / "models.toml"
+    models.write_text(f'[models.local-minilm]\nsource = "{minilm_dir}"\npooling = "mean"\n')
+    with running_server(
+        tmp_path, models_file=models, preload="local-minilm", show_model_sources="true"
+    ) as shown:
+        info = httpx.get(shown.url + "/info").json()
+    (model,) = info["models"]
+    assert model["source"] == str(minilm_dir)
+    assert model["directory"] == str(minilm_dir.resolve())
+    assert info["settings"]["models_file"] == str(models)
 
 
 def test_docs_and_openapi_describe_every_route(server: Server) -> None:
@@ -956,7 +1086,7 @@ def test_the_residency_cap_with_every_model_busy_is_a_503(
     tmp_path: Path, reference_texts: list[str], minilm_dir: Path
 ) -> None:
     # not preloaded: a preloaded model is never evicted to make room
-    with running_server(tmp_path, max_loaded_models=1) as capped:
+    with running_server(tmp_path, max_loaded_models=1, allow_local_paths="true") as capped:
         assert post(capped, "/v1/embeddings", json={"model": MINILM_NAME, "input": "x"}).is_success
         other = {"model": str(minilm_dir), "input": "x", "pooling": "mean"}
         with kept_busy(capped, reference_texts):

@@ -14,6 +14,8 @@ from embedx.models.pooling import Pooling, bucketed, pool, pooled_rows
 from embedx.models.source import ModelFiles
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from embedx.devices import DeviceInfo
@@ -172,13 +174,13 @@ class EmbeddingModel:
         self.dense = [self._load_dense(layer.weights, layer.activation) for layer in files.dense]
         self.dimensions = int(self.dense[-1].weight.shape[0]) if self.dense else hidden
 
-    def _load_dense(self, path: object, activation: str) -> _Dense:
+    def _load_dense(self, path: Path, activation: str) -> _Dense:
         from safetensors.torch import load_file
 
         tensors = load_file(str(path), device=str(self.device))
         weight = tensors.get("linear.weight")
-        if weight is None:
-            raise InvalidModel(f"Dense module {path} has no linear.weight")
+        if weight is None:  # named as modules.json does, not by where it lies
+            raise InvalidModel(f"Dense module {path.parent.name} has no linear.weight")
         bias = tensors.get("linear.bias")
         if activation not in ACTIVATIONS:
             raise InvalidModel(f"Dense activation {activation} is not one of {sorted(ACTIVATIONS)}")

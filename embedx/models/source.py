@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*", "
                   "*/*.safetensors"]  # fmt: skip
 REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?\Z")
 PACKAGE_PREFIX = "package:"  # a source in an installed Python package (models file only)
+HUB_PREFIX = "hf:"  # a source on the Hugging Face hub (or in its cache), never a local directory
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +66,13 @@ def resolve(source: str, revision: str | None = None) -> ModelFiles:
     if source.startswith(PACKAGE_PREFIX):
         directory = _package_directory(source.removeprefix(PACKAGE_PREFIX))
         return inspect_directory(directory, origin=source)
-    local = local_directory(source)
+    local = None if source.startswith(HUB_PREFIX) else local_directory(source)
     if local is not None:
         return inspect_directory(local.resolve(), origin=str(local))
-    _check_repo_id(source)
-    directory, resolved = _hub_snapshot(source, revision)
-    return inspect_directory(directory, origin=f"hf:{source}", revision=resolved)
+    repo_id = source.removeprefix(HUB_PREFIX)
+    _check_repo_id(repo_id)
+    directory, resolved = _hub_snapshot(repo_id, revision)
+    return inspect_directory(directory, origin=HUB_PREFIX + repo_id, revision=resolved)
 
 
 def check_exists(source: str, revision: str | None = None) -> bool:
@@ -83,12 +86,13 @@ def check_exists(source: str, revision: str | None = None) -> bool:
         if importlib.util.find_spec(module.split(".")[0]) is None:
             raise _not_installed(module)
         return True
-    if local_directory(source) is not None:
+    if not source.startswith(HUB_PREFIX) and local_directory(source) is not None:
         return True
-    _check_repo_id(source)
-    if _cached_snapshot(source, revision) is None:
+    repo_id = source.removeprefix(HUB_PREFIX)
+    _check_repo_id(repo_id)
+    if _cached_snapshot(repo_id, revision) is None:
         try:
-            _hub_info(source, revision)
+            _hub_info(repo_id, revision)
         except UnverifiableWeights:
             return False
     return True
@@ -106,17 +110,22 @@ def local_directory(source: str) -> Path | None:
         return None
 
 
-def _check_repo_id(source: str) -> None:
+def is_repo_id(name: str) -> bool:
+    """Whether `name` can be a Hugging Face repo id (by the hub's own rules), asking nothing."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]
 
-    valid = not source.startswith(("/", ".", "~")) and REPO_ID.match(source) is not None
-    if valid:
-        try:
-            validate_repo_id(source)  # the hub's own rules (`--`, `..`, length), before asking it
-        except HFValidationError:
-            valid = False
-    if not valid:
+    if name.startswith(("/", ".", "~")) or REPO_ID.match(name) is None:
+        return False
+    try:
+        validate_repo_id(name)  # `--`, `..`, length
+    except HFValidationError:
+        return False
+    return True
+
+
+def _check_repo_id(source: str) -> None:
+    if not is_repo_id(source):
         raise ModelNotFound(
             f"model {source!r} is not a directory and not a Hugging Face repo id", param="model"
         )
@@ -232,21 +241,50 @@ def _pickle_message(name: str) -> str:
     )
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(directory: Path, name: str, origin: str) -> Any:
+    """The model directory's JSON file `name`. Its errors name the file as `name`, never by
+    where it lies: that is no client's business (OSError's own words would say it)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidModel(f"{path} cannot be read: {exc}", param="model") from None
+        return json.loads((directory / name).read_text())
+    except OSError as exc:
+        raise InvalidModel(
+            f"{origin}: {name} cannot be read ({exc.strerror or type(exc).__name__})",
+            param="model",
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise InvalidModel(f"{origin}: {name} is not JSON ({exc})", param="model") from None
 
 
-def _weights(directory: Path, name: str) -> tuple[Path, ...]:
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        listing = _read_json(index)
+def _inside(name: object, listed_in: str, origin: str) -> str:
+    """`name`, a path that a model's file gives, checked to lead to a place inside the model
+    directory: relative and, once normalised, with no `..`. Checked as written, not resolved:
+    the Hugging Face cache's files are links out of their snapshot's directory."""
+    if not isinstance(name, str):
+        raise TypeError(f"{listed_in} gives the path {name!r}, not a string")
+    normal = posixpath.normpath(name) if name else "."
+    if normal.startswith("/") or normal == ".." or normal.startswith("../"):
+        named = "an absolute path" if normal.startswith("/") else repr(name)  # not the disk's
+        raise InvalidModel(
+            f"{origin}: {listed_in} names {named}, which is outside the model directory; "
+            "embedx reads a model's files from its own directory only",
+            param="model",
+        )
+    return normal
+
+
+def _weights(directory: Path, origin: str) -> tuple[Path, ...]:
+    index = "model.safetensors.index.json"
+    if (directory / index).is_file():
+        listing = _read_json(directory, index, origin)
         weight_map = listing.get("weight_map") if isinstance(listing, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
-            raise InvalidModel(f"{index} has no weight_map naming the shards", param="model")
-        shards = sorted(set(map(str, weight_map.values())))
+            raise InvalidModel(f"{origin}: {index} has no weight_map naming the shards",
+                               param="model")  # fmt: skip
+        shards = sorted({_inside(shard, index, origin) for shard in weight_map.values()})
+        for shard in shards:
+            if not (directory / shard).is_file():
+                raise InvalidModel(f"{origin}: {index} names the shard {shard!r}, which is not "
+                                   "in the model directory", param="model")  # fmt: skip
         return tuple(directory / shard for shard in shards)
     single = directory / "model.safetensors"
     if single.is_file():
@@ -255,8 +293,8 @@ def _weights(directory: Path, name: str) -> tuple[Path, ...]:
     if found:
         return tuple(found)
     if any(p.suffix in PICKLE_SUFFIXES for p in directory.iterdir()):
-        raise PickleOnlyWeights(_pickle_message(name), param="model")
-    raise InvalidModel(f"model {name!r} has no weights in {directory}", param="model")
+        raise PickleOnlyWeights(_pickle_message(origin), param="model")
+    raise InvalidModel(f"model {origin!r} has no weights: no .safetensors file", param="model")
 
 
 def inspect_directory(directory: Path, *, origin: str, revision: str | None = None) -> ModelFiles:
@@ -277,30 +315,28 @@ def _inspect(directory: Path, origin: str, revision: str | None) -> ModelFiles:
         raise InvalidModel(
             f"{origin} has no config.json: it is not a transformers model", param="model"
         )
-    config = _read_json(config_path)
+    config = _read_json(directory, "config.json", origin)
     weights = _weights(directory, origin)
     dense: list[DenseLayer] = []
     normalizes = False
     st_pooling: str | None = None
     pools_prompt = True
-    modules_path = directory / "modules.json"
-    for module in _read_json(modules_path) if modules_path.is_file() else []:
+    modules = "modules.json"
+    listed = _read_json(directory, modules, origin) if (directory / modules).is_file() else []
+    for module in listed:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        path = directory / module.get("path", "")
+        name = _inside(module.get("path", ""), modules, origin)
+        path = directory / name
         if kind == "Dense":
-            dense_config = _read_json(path / "config.json")
+            dense_config = _read_json(directory, f"{name}/config.json", origin)
             layer_weights = path / "model.safetensors"
             if not layer_weights.is_file():
                 if any(p.suffix in PICKLE_SUFFIXES for p in path.iterdir()):
-                    raise PickleOnlyWeights(
-                        _pickle_message(f"{origin} ({path.name})"), param="model"
-                    )
-                raise InvalidModel(
-                    f"{origin}: Dense module {path.name} has no weights", param="model"
-                )
+                    raise PickleOnlyWeights(_pickle_message(f"{origin} ({name})"), param="model")
+                raise InvalidModel(f"{origin}: Dense module {name} has no weights", param="model")
             if normalizes:  # embedx normalizes last, as sentence-transformers' usual order
                 raise InvalidModel(
-                    f"{origin}: modules.json normalizes before its Dense module {path.name}; "
+                    f"{origin}: modules.json normalizes before its Dense module {name}; "
                     "embedx supports Normalize only as the last module",
                     param="model",
                 )
@@ -310,16 +346,20 @@ def _inspect(directory: Path, origin: str, revision: str | None) -> ModelFiles:
         elif kind == "Normalize":
             normalizes = True
         elif kind == "Pooling" and (path / "config.json").is_file():
-            pooling_config = _read_json(path / "config.json")
+            pooling_config = _read_json(directory, f"{name}/config.json", origin)
             st_pooling = _st_pooling(pooling_config)
             pools_prompt = bool(pooling_config.get("include_prompt", True))
         elif kind not in ("Transformer", "Pooling", ""):
             raise InvalidModel(
                 f"{origin}: sentence-transformers module {kind} is not supported", param="model"
             )
-    st_config = directory / "sentence_bert_config.json"
-    st_max = _read_json(st_config).get("max_seq_length") if st_config.is_file() else None
-    st_prompts, st_default_prompt = _st_prompts(directory / "config_sentence_transformers.json")
+    st_config = "sentence_bert_config.json"
+    st_max = (
+        _read_json(directory, st_config, origin).get("max_seq_length")
+        if (directory / st_config).is_file()
+        else None
+    )
+    st_prompts, st_default_prompt = _st_prompts(directory, origin)
     return ModelFiles(
         directory=directory,
         weights=weights,
@@ -336,22 +376,24 @@ def _inspect(directory: Path, origin: str, revision: str | None) -> ModelFiles:
     )
 
 
-def _st_prompts(path: Path) -> tuple[dict[str, str], str | None]:
+def _st_prompts(directory: Path, origin: str) -> tuple[dict[str, str], str | None]:
     """The prompts a sentence-transformers config names, and its default one."""
-    if not path.is_file():
+    name = "config_sentence_transformers.json"
+    if not (directory / name).is_file():
         return {}, None
-    config = _read_json(path)
+    config = _read_json(directory, name, origin)
     if not isinstance(config, dict):
-        raise InvalidModel(f"{path} is not a JSON object", param="model")
+        raise InvalidModel(f"{origin}: {name} is not a JSON object", param="model")
     prompts = config.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(
-        isinstance(name, str) and isinstance(text, str) for name, text in prompts.items()
+        isinstance(key, str) and isinstance(text, str) for key, text in prompts.items()
     ):
-        raise InvalidModel(f"{path}: prompts must map names to strings", param="model")
+        raise InvalidModel(f"{origin}: {name}: prompts must map names to strings", param="model")
     default = config.get("default_prompt_name")
     if default is not None and default not in prompts:
         raise InvalidModel(
-            f"{path}: default_prompt_name {default!r} names none of its prompts", param="model"
+            f"{origin}: {name}: default_prompt_name {default!r} names none of its prompts",
+            param="model",
         )
     return prompts, default
 

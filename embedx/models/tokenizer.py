@@ -426,6 +426,9 @@ def _load(files: ModelFiles) -> Tokenizer:
     # Only slow-tokenizer files (vocab.txt, sentencepiece): transformers converts them.
     from transformers import AutoTokenizer
 
-    converted = AutoTokenizer.from_pretrained(str(files.directory), use_fast=True)
+    # trust_remote_code: never the checkpoint's own Python (its `auto_map`), never a prompt
+    converted = AutoTokenizer.from_pretrained(
+        str(files.directory), use_fast=True, trust_remote_code=False
+    )
     backend: Tokenizer = converted.backend_tokenizer
     return backend

@@ -20,8 +20,14 @@ class TransformersEncoder:
 
         from embedx.errors import InvalidModel
 
-        # use_safetensors: never fall back to a pickle, even if one sits beside the weights.
-        options: dict[str, Any] = {"use_safetensors": True, "local_files_only": True}
+        # use_safetensors: never fall back to a pickle, even if one sits beside the weights;
+        # trust_remote_code: never run a checkpoint's own Python (its config's `auto_map`), nor
+        # ask a terminal whether to, as transformers does when left to its default.
+        options: dict[str, Any] = {
+            "use_safetensors": True,
+            "local_files_only": True,
+            "trust_remote_code": False,
+        }
         major = int(transformers.__version__.split(".")[0])
         options["dtype" if major >= 5 else "torch_dtype"] = dtype
         self.model, loading = AutoModel.from_pretrained(

@@ -30,11 +30,14 @@ async def health(state: ServerState, http: Request) -> Response:
 
 
 async def info(state: ServerState, http: Request) -> Response:
+    settings = state.settings.redacted()
+    if settings["models_file"] is not None and not state.settings.show_model_sources:
+        settings["models_file"] = "set"  # where it lies is the operator's business
     return json_response(
         {
             "version": __version__,
             "uptime_s": round(time.time() - state.started_at, 1),
-            "settings": state.settings.redacted(),
+            "settings": settings,
             "devices": [d.as_dict() for d in state.devices],
             "allocator": process_allocator(),
             "requests": {**state.admission.describe(), "http_in_flight": state.in_flight},

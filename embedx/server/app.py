@@ -49,7 +49,11 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> Edg
         from embedx.models.catalog import load_catalog
 
         registry = ModelRegistry(
-            settings, load_catalog(settings.models_file), discover(settings), open_accelerator
+            settings,
+            load_catalog(settings.models_file),
+            discover(settings),
+            open_accelerator,
+            local_paths=settings.allow_local_paths,
         )
     check_preload(settings, registry.catalog)
     check_default_model(settings, registry.catalog)
