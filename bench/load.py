@@ -86,18 +86,17 @@ def repeated_texts(corpus: list[str], count: int) -> list[str]:
 async def open_served_engine(model: str, pooling: str | None, tokens: int) -> Engine:
     """The model on every device, as the server loads it, with `tokens` a batch at most."""
     from embedx.config import load_settings
-    from embedx.devices import discover, open_accelerator
-    from embedx.engine import Engine
+    from embedx.devices import discover
+    from embedx.engine import EngineOptions, open_engine
     from embedx.models.catalog import load_catalog
     from embedx.models.source import resolve
-    from embedx.registry import LoadRequest, ModelRegistry
+    from embedx.registry import LoadRequest, Names
 
     settings = load_settings({"max_batch_tokens": tokens})
-    catalog = load_catalog(settings.models_file)
-    registry = ModelRegistry(settings, catalog, discover(settings), open_accelerator)
-    spec = registry.spec_for(model, LoadRequest(pooling=pooling))
-    accelerators = [open_accelerator(d) for d in registry.devices]
-    return await Engine.load(spec, resolve(spec.source), accelerators, registry.engine_options())
+    names = Names(settings, load_catalog(settings.models_file), local_paths=True)
+    spec = names.spec_for(model, LoadRequest(pooling=pooling))
+    options = EngineOptions.from_settings(settings)
+    return await open_engine(spec, resolve(spec.source), discover(settings), options)
 
 
 async def library_rate(

@@ -66,25 +66,23 @@ class Embedder:
     async def _load(
         self, model: str, pooling: str | None, dtype: str | None, max_seq_len: int | None
     ) -> Engine:
-        from embedx.devices import discover, open_accelerator
+        from embedx.devices import discover
         from embedx.models.catalog import load_catalog
         from embedx.models.source import resolve
-        from embedx.registry import LoadRequest, ModelRegistry
+        from embedx.registry import LoadRequest, Names
 
-        devices = discover(self.settings)
-        registry = ModelRegistry(
-            self.settings, load_catalog(self.settings.models_file), devices, open_accelerator
-        )
-        spec = registry.spec_for(model, LoadRequest(pooling, dtype, max_seq_len))
+        names = Names(self.settings, load_catalog(self.settings.models_file), local_paths=True)
+        spec = names.spec_for(model, LoadRequest(pooling, dtype, max_seq_len))
         if spec.pooling is None:
-            registry.look_up(model, spec)  # a wrong name is ModelNotFound, with a hint
+            names.look_up(model, spec)  # a wrong name is ModelNotFound, with a hint
             raise PoolingRequired(
                 f"say how {model!r} pools: Embedder({model!r}, pooling='mean' | 'cls' | "
                 "'last_token'). embedx never guesses pooling",
                 param="pooling",
             )
         files = resolve(spec.source, spec.revision)
-        return await open_engine(spec, files, devices, EngineOptions.from_settings(self.settings))
+        options = EngineOptions.from_settings(self.settings)
+        return await open_engine(spec, files, discover(self.settings), options)
 
     @property
     def dimensions(self) -> int:

@@ -48,7 +48,7 @@ async def test_a_model_loads_once_however_many_ask_at_once() -> None:
 
     engines = await asyncio.gather(*(use() for _ in range(5)))
     assert len(set(engines)) == 1
-    assert models.loads == 1
+    assert models.loads.done == 1
     await models.drain(5)
 
 
@@ -646,13 +646,13 @@ async def test_making_room_unloads_the_least_recently_used_idle_model_first(
 async def test_a_model_too_large_for_any_device_unloads_nothing(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from embedx import registry as registry_module
     from embedx.errors import NoDeviceFits
+    from embedx.registry import loading as registry_loading
 
     models = registry(tiny_models)
     async with models.lease("bert-base"):
         pass
-    monkeypatch.setattr(registry_module, "weight_bytes", lambda *_: 1 << 40)  # 1 TiB
+    monkeypatch.setattr(registry_loading, "weight_bytes", lambda *_: 1 << 40)  # 1 TiB
     monkeypatch.setattr(Engine, "load", _no_device_fits)
     with pytest.raises(NoDeviceFits):
         await models.lease("bert-large").__aenter__()

@@ -12,7 +12,6 @@ import httpx
 import numpy as np
 import pytest
 
-from embedx import registry as registry_module
 from embedx.config import load_settings
 from embedx.devices import CpuAccelerator
 from embedx.engine import Engine
@@ -26,6 +25,7 @@ from embedx.errors import (
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
 from embedx.registry import ModelRegistry
+from embedx.registry import registry as registry_module
 from embedx.server import app as app_module
 from embedx.server.app import create_app
 from embedx.server.edge import Edge
@@ -91,7 +91,7 @@ async def test_a_preloaded_model_whose_every_device_failed_loads_again_by_itself
         assert failed.json()["error"]["code"] == "no_device_available"
         assert "Xid 79" in failed.json()["error"]["message"]
         await _until_loaded(registry, "m")  # with no request asking
-        assert registry.loads == 2
+        assert registry.loads.done == 2
         assert (await client.get("/health")).json()["status"] == "ok"
         served = await client.post("/v1/embeddings", json=body)
         assert served.status_code == 200, served.text
@@ -104,7 +104,7 @@ async def test_a_preloaded_model_whose_every_device_failed_loads_again_by_itself
             assert failed.status_code == 503
             served = await client.post("/v1/embeddings", json=body)
             assert served.status_code == 200, served.text
-    assert registry.loads == 3
+    assert registry.loads.done == 3
     await registry.drain(5)
 
 

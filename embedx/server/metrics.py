@@ -120,9 +120,9 @@ def render(http: HttpMetrics, registry: ModelRegistry, admission: Admission) -> 
     w.family("embedx_models_loaded", "gauge", "Models resident or loading.")
     w.sample("embedx_models_loaded", len(registry.residents()))
     w.family("embedx_model_load_seconds", "histogram", "Time to load a model, smoke test included.")
-    w.histogram("embedx_model_load_seconds", registry.load_seconds)
+    w.histogram("embedx_model_load_seconds", registry.loads.seconds)
     w.family("embedx_model_load_failures_total", "counter", "Failed model loads by error code.")
-    for code, count in sorted(registry.load_failures.items()):
+    for code, count in sorted(registry.loads.failures.items()):
         w.sample("embedx_model_load_failures_total", count, code=code)
     w.family("embedx_model_evictions_total", "counter", "Models unloaded.")
     w.sample("embedx_model_evictions_total", registry.evictions)

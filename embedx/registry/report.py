@@ -1,0 +1,49 @@
+"""What the registry reports of its models: each resident one for /info, and the devices its
+models lost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from embedx.engine import EngineState
+from embedx.models.source import HUB_PREFIX, PACKAGE_PREFIX, ModelFiles
+from embedx.registry.residency import FOREVER, Resident
+
+
+def described(resident: Resident, now: float, show_sources: bool) -> dict[str, Any]:
+    """A resident model: its engine's report, its users and its keep-alive."""
+    engine = resident.engine
+    entry: dict[str, Any] = (
+        engine.describe()
+        if engine is not None
+        else {"model": resident.spec.name, "state": EngineState.LOADING.value}
+    )
+    if engine is not None:
+        entry.update(_sources(engine.files, show_sources))
+    entry["users"] = resident.users
+    keep_alive = resident.keep_alive_s  # None: preloaded, kept for good (JSON has no inf)
+    entry["keep_alive_s"] = None if keep_alive == FOREVER else keep_alive
+    entry["idle_s"] = 0.0 if resident.users else round(now - resident.last_used, 1)
+    return entry
+
+
+def _sources(files: ModelFiles, show: bool) -> dict[str, str]:
+    """Where a model's files come from, as /info shows it: a local directory only as one,
+    unless the operator asks to see where (EMBEDX_SHOW_MODEL_SOURCES)."""
+    if show:
+        return {"source": files.origin, "directory": str(files.directory)}
+    if files.origin.startswith((HUB_PREFIX, PACKAGE_PREFIX)):
+        return {"source": files.origin}
+    return {"source": "local directory"}
+
+
+def quarantined(residents: Iterable[Resident]) -> list[str]:
+    """Devices taken out of service by resident models, as 'model: device (reason)'."""
+    return [
+        f"{resident.spec.name}: {device.device} ({device.reason})"
+        for resident in residents
+        if resident.engine is not None
+        for device in resident.engine.report().devices
+        if not device.up
+    ]
