@@ -724,7 +724,7 @@ def test_a_path_with_escaped_spaces_or_bytes_is_a_404_not_a_500(server: Server) 
     forged_lines = [line for line in server.output().splitlines() if "FORGED" in line]
     assert forged_lines, "no access line for the request"
     assert forged_lines == [
-        line for line in server.output().splitlines() if "GET /nope\\n2026" in line
+        line for line in server.output().splitlines() if "GET /nope\\x0a2026" in line
     ], "a path's newline began a log line of its own"
 
 
