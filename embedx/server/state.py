@@ -25,10 +25,13 @@ class ServerState:
     http: HttpMetrics = field(default_factory=HttpMetrics)
     started_at: float = field(default_factory=time.time)
     draining: bool = False
-    # the tasks of HTTP requests between the edge and their response: counted, and ended
-    # by a stop that cannot wait for them (a body that stopped arriving)
+    # the tasks of HTTP requests whose body is in, until their response: the work a stop
+    # drains, and ends if it cannot wait for it
     requests: set[asyncio.Task[Any]] = field(default_factory=set)
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while none is in flight
+    # the tasks of HTTP requests still waiting for their body: no work yet, so a stop ends
+    # them at once
+    receiving: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -36,3 +39,10 @@ class ServerState:
     @property
     def in_flight(self) -> int:
         return len(self.requests)
+
+    def stop_taking(self) -> None:
+        """Refuse new requests, and end those whose body has not arrived (each gets a 503):
+        a client sending its body slowly, or never, must not hold the drain."""
+        self.draining = True
+        for request in list(self.receiving):
+            request.cancel()

@@ -1,0 +1,107 @@
+"""Clients that send slowly, through the real server: a body too slow to arrive gets a 408 and
+its connection closed, and a thousand of them lock no other client out nor hold a stop."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import select
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import MINILM_NAME
+from tests.test_server import Server, client, running_server
+
+# Above 1,024: granian's default cap on the connections it holds, which such clients filled.
+SLOW_CLIENTS = 1100
+HEAD = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+STALLED = HEAD + b'Content-Length: 100\r\n\r\n{"input":'  # 9 bytes of 100, then nothing
+
+
+def address(server: Server) -> tuple[str, int]:
+    host, port = server.url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (60 s at most)."""
+    sock.settimeout(60)
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def status_headers_error(answer: bytes) -> tuple[int, dict[str, str], dict[str, str]]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    return int(status_line.split()[1]), headers, orjson.loads(body)["error"]
+
+
+@contextlib.contextmanager
+def stalled_sockets(server: Server, count: int) -> Iterator[list[socket.socket]]:
+    """`count` connections, each with its headers and the start of its body sent, no more."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count + 256
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"{count} sockets need {wanted} open files; this process may open {hard}")
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sockets.append(socket.create_connection(address(server), timeout=60))
+            sockets[-1].sendall(STALLED)
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_slow_body_gets_a_408_and_its_connection_is_closed(tmp_path: Path) -> None:
+    with running_server(tmp_path, body_timeout_s=0.5) as server:
+        with socket.create_connection(address(server)) as declared:
+            declared.sendall(HEAD + b'Content-Length: 3000000\r\n\r\n{"input":')
+            status, headers, error = status_headers_error(answer(declared))  # to its close
+        assert status == 408
+        assert headers["connection"] == "close"
+        assert error["code"] == "body_timeout"
+        assert "within 1.5 s" in error["message"]  # 0.5 s for each of its 3 MB
+        with socket.create_connection(address(server)) as chunked:
+            chunked.sendall(HEAD + b'Transfer-Encoding: chunked\r\n\r\n9\r\n{"input":\r\n')
+            status, headers, error = status_headers_error(answer(chunked))
+        assert status == 408
+        assert "within 0.5 s" in error["message"]  # 9 bytes came: the least any body gets
+        assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_a_thousand_slow_bodies_lock_no_one_out_nor_hold_the_stop(tmp_path: Path) -> None:
+    # bodies allowed ten minutes, and a drain as long: neither runs out during the test
+    with (
+        running_server(
+            tmp_path, preload=MINILM_NAME, body_timeout_s=600, drain_timeout_s=600
+        ) as server,
+        stalled_sockets(server, SLOW_CLIENTS) as stalled,
+    ):
+        served = (
+            client(server)
+            .with_options(timeout=60)
+            .embeddings.create(model=MINILM_NAME, input="served beside them")
+        )
+        assert len(served.data[0].embedding) == 384
+        waiting = select.poll()
+        for sock in stalled:
+            waiting.register(sock, select.POLLIN)
+        assert waiting.poll(0) == [], "a slow body was answered: it no longer waited"
+
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(60) == 0  # not the 600 s drain: no work was in flight
+        answers = [status_headers_error(answer(sock)) for sock in stalled]
+    assert {(status, error["code"]) for status, _, error in answers} == {(503, "shutting_down")}
