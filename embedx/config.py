@@ -297,6 +297,15 @@ class Settings:
         "Seconds a request body may take to arrive, for each MB (10^6 bytes) of it, and at "
         "least that for any body; a slower one gets a 408 and its connection is closed.",
     )
+    # Each byte of a body is held in memory several times over while it is read, parsed and
+    # tokenized: 4 bodies of the largest size at once, with any number of small ones beside.
+    max_body_bytes_in_flight: int = _setting(
+        128_000_000,
+        _int(1),
+        "Bytes of request bodies read, parsed and embedded at once, reserved before a body is "
+        "read (its declared length, or EMBEDX_MAX_REQUEST_BYTES when it is chunked) until its "
+        "response; the rest wait as for a slot. A body larger than this runs alone.",
+    )
     # An H200 serving MiniLM ran 2.09M tok/s with 8 requests of 256 texts in flight and
     # 2.88M with 32; 64 to 256 ran no faster, only with longer waits (bench/results/
     # h200x2-run15/, `7-` and `1-`).
@@ -304,7 +313,9 @@ class Settings:
         32, _int(1), "Embedding requests in flight; the rest wait."
     )
     request_queue_timeout_s: float = _setting(
-        30.0, _seconds, "How long a request may wait for a slot before a 503."
+        30.0,
+        _seconds,
+        "How long a request may wait for a slot, or for its body's bytes, before a 503.",
     )
     default_keep_alive_s: float = _setting(
         600.0, _seconds, "Idle seconds before a model unloads; 0 unloads when its last user leaves."

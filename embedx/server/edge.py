@@ -1,8 +1,9 @@
 """The outermost ASGI layer: refuses what must not reach the app (draining, no key, a body over
-the limit, or too slow to arrive), answers browsers' CORS preflights for the origins allowed,
-notices a client that hangs up (and cancels its request), counts every request, and turns
-anything unexpected into a plain 500 envelope while the traceback goes to the log. At startup
-it loads the models to preload, once the app has started."""
+the limit, or too slow to arrive), reads a body once its bytes fit the server's budget,
+answers browsers' CORS preflights for the origins allowed, notices a client that hangs up (and
+cancels its request), counts every request, and turns anything unexpected into a plain 500
+envelope while the traceback goes to the log. At startup it loads the models to preload, once
+the app has started."""
 
 from __future__ import annotations
 
@@ -85,6 +86,7 @@ class Edge:
         request = asyncio.current_task()
         assert request is not None, "an ASGI server calls its app in a task"
         state.receiving.add(request)  # in flight once its body is in (`ServerState`)
+        reserved = 0  # bytes of the body budget this request holds
         try:
             if origin is not None and _is_preflight(scope):  # browsers send it without a key
                 await response.preflight(scope)
@@ -96,7 +98,15 @@ class Edge:
             if refusal is not None:
                 await response.error(refusal)
                 return
-            body = await self._body(receive, self._declared_length(scope))
+            declared = self._declared_length(scope)
+            # held until the request is done: its body is read, parsed, tokenized meanwhile
+            reserved = await state.bodies.reserve(
+                state.settings.max_request_bytes if declared is None else declared
+            )
+            body = await self._body(receive, declared)
+            if len(body) < reserved:  # a chunked body, shorter than the largest one
+                state.bodies.release(reserved - len(body))
+                reserved = len(body)
             state.receiving.discard(request)
             state.requests.add(request)
             state.idle.clear()
@@ -118,6 +128,7 @@ class Edge:
             log.exception("request %s %s failed (id %s)", method, path, request_id)
             await response.error(Bug(f"The request failed unexpectedly (request id {request_id})."))
         finally:
+            state.bodies.release(reserved)
             state.receiving.discard(request)
             state.requests.discard(request)
             if not state.requests:
