@@ -72,6 +72,9 @@ class _Exchange:
         self._body: list[bytes] = []
 
     async def receive(self) -> Message:
+        # Cancelling a read (a body past its deadline, a stop) is safe: granian's future drops
+        # its Rust side, which stops reading the body, and hyper then closes the connection
+        # after the response, the body being unread. The edge asks for no more of it.
         try:
             if self._body_done:  # the app watches for the client leaving
                 await self._protocol.client_disconnect()
