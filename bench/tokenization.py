@@ -44,7 +44,9 @@ from embedx.models.tokenizer import FIRST_CHUNK, TextTokenizer
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--long-corpus", default="pydocs_pages")
+    parser.add_argument(
+        "--long-corpus", default="pydocs_pages", metavar="PATH", help="long documents (JSONL)"
+    )
     parser.add_argument("--order-rounds", type=int, default=9)
     parser.add_argument("--out")
     args = parser.parse_args()
