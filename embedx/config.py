@@ -282,8 +282,8 @@ class Settings:
     max_request_items: int = _setting(2048, _int(1), "Most inputs in one request.")
     max_request_bytes: int = _setting(32_000_000, _int(1), "Largest request body, in bytes.")
     # An H200 serving MiniLM ran 2.09M tok/s with 8 requests of 256 texts in flight and
-    # 2.88M with 32; 64 to 256 ran no faster, only with longer waits (bench/results/
-    # h200x2-run15/, `7-` and `1-`).
+    # 2.88M with 32; 64 to 256 ran no faster, only with longer waits (bench/load.py,
+    # bench/results/load.md).
     max_concurrent_requests: int = _setting(
         32, _int(1), "Embedding requests in flight; the rest wait."
     )
