@@ -321,8 +321,8 @@ class Settings:
         "response; the rest wait as for a slot. A body larger than this runs alone.",
     )
     # An H200 serving MiniLM ran 2.09M tok/s with 8 requests of 256 texts in flight and
-    # 2.88M with 32; 64 to 256 ran no faster, only with longer waits (bench/results/
-    # h200x2-run15/, `7-` and `1-`).
+    # 2.88M with 32; 64 to 256 ran no faster, only with longer waits (bench/load.py,
+    # bench/results/load.md).
     max_concurrent_requests: int = _setting(
         32, _int(1), "Embedding requests in flight; the rest wait."
     )

@@ -584,7 +584,7 @@ class Engine:
                 for tokens in (budget // 32, budget // 8, budget // 2, budget):
                     await self._timed(replica, self._probe_batch(max(tokens, width), width))
             # A matrix shape cuBLAS meets for the first time makes the host wait for the
-            # device (bench/gemm_shapes.py): every row count a batch is padded to runs now.
+            # device (see packing.py): every row count a batch is padded to runs now.
             for rows in bucketed_rows(budget):
                 await self._timed(replica, self._probe_batch(rows, min(length, 16)))
             if replica.model.one_row_per_text:  # every bucketed count of pooled rows

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # Texts a request submits at a time: a small first chunk so the devices start early, then
 # larger ones. The tokenizer spreads each call over every core, so calls run one at a time,
 # and chunks of concurrent requests that arrive meanwhile share the next
-# (bench/tokenization.py, "pipelined").
+# (on 2 cores, as fast as one call over all the texts with their ids collected).
 FIRST_CHUNK = 1024
 CHUNK = 4096
 # Chunks a request keeps queued beyond the one it handles: with two, the tokenizer encodes
@@ -44,7 +44,7 @@ CHUNKS_AHEAD = 2
 # while the next encodes and the requests finish one call at a time: one call for all of
 # them made each stage wait for the one before, in step (64 callers of 256 texts on an H200:
 # a request's call took 194 ms to encode, median, and the tokenizer waited for texts 41% of
-# the time; bench/results/h200x2-run17/).
+# the time; bench/load.py).
 CALL_TEXTS = 2048
 # A text longer than this many characters per token the model reads is cut at a space
 # before tokenizing: the tokenizer's time follows the text's length, not what is kept of it.
@@ -85,9 +85,9 @@ class TextTokenizer:
         self.cut_at = max_seq_len * CHARS_PER_TOKEN if _splits_at_spaces(self._tokenizer) else None
         # One thread makes the calls, back to back: the next starts as the last returns,
         # with whatever texts were queued meanwhile, not when the busy event loop gets to
-        # the last one's result (on the H200 host the server's loop thread spent about 10%
+        # the last one's result (on an H200 the server's loop thread spent about 10%
         # less time a text, its requests 30 to 50% less waiting for their tokens:
-        # bench/results/h200x2-run10/, the `6-` files).
+        # bench/load.py).
         # The tokenizer spreads each call over every core itself.
         self._queued = threading.Condition()
         self._waiting: collections.deque[_Waiter] = collections.deque()

@@ -87,7 +87,7 @@ def start_tasks_eagerly(loop: asyncio.AbstractEventLoop) -> None:
 
     Otherwise that step waits for the loop's next turn, 15 to 30 ms under load, and a request
     starts several tasks (granian's, the bridge's, the edge's). Eagerly, parsing and admission
-    took 0.4 ms a request, mean, against 8.1 and 9.3 (bench/results/h200x2-run14/, `6-`)."""
+    took 0.4 ms a request, mean, against 8.1 and 9.3 (bench/load.py, on an H200)."""
     if sys.version_info >= (3, 12):
         loop.set_task_factory(asyncio.eager_task_factory)
 
