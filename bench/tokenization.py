@@ -10,10 +10,11 @@ takes the ids out of the encodings into numpy (`collect`, Python work under the 
   before;
 - concurrent_4: four calls in flight at once.
 Then long documents (`--long-corpus`, cut to the same 256 tokens): the tokenizer called on
-each whole text, against `TextTokenizer`, which cuts each far longer than that at a space
-first (the same ids: tests/test_models.py). Last, `input_order`: the pipelined variant on
-the corpus as it comes, shuffled, and sorted by length in characters, taking turns for
---order-rounds rounds (medians, and each order's round-by-round ratio to the corpus's).
+each whole text, against `TextTokenizer`, which tokenizes a window of the start of each far
+longer than that (the same ids: tests/test_tokenizer.py). Last, `input_order`: the
+pipelined variant on the corpus as it comes, shuffled, and sorted by length in characters,
+taking turns for --order-rounds rounds (medians, and each order's round-by-round ratio to
+the corpus's).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def main() -> None:
 
 
 def long_documents(tokenizer: TextTokenizer, texts: list[str]) -> dict[str, Any]:
-    """Best of three: each text tokenized whole, and as `TextTokenizer` does (cut first)."""
+    """Best of three: each text tokenized whole, and as `TextTokenizer` does (a window)."""
     seconds = {}
     for name, encode in (
         ("whole_s", lambda: tokenizer._tokenizer.encode_batch_fast(texts)),
