@@ -8,6 +8,7 @@ import base64
 import random
 import shutil
 import string
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from embedx.errors import InputTooLong
-from embedx.models.source import ModelFiles
+from embedx.models.source import ModelFiles, resolve
 from embedx.models.tokenizer import CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN, TextTokenizer
 from tests.conftest import MINILM_NAME
 from tests.test_server import running_server
@@ -254,6 +255,26 @@ def test_a_text_read_only_to_the_bound_counts_as_truncated_and_is_refused_withou
     assert encoded.views()[1].tolist() == first
     with pytest.raises(InputTooLong, match=f"input 1 is longer than {16 * 64} characters"):
         tokenizer.encode_now(["short", text], truncate=False)
+
+
+def test_an_idle_tokenizer_holds_none_of_the_texts_it_encoded(minilm_dir: Path) -> None:
+    """Its threads wait for the next call: a 30 MB text of the last one would stay alive."""
+    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
+    texts = ["字" * 100_000, "a short one"]
+    held = [sys.getrefcount(text) for text in texts]
+
+    async def encode() -> None:
+        async for _ in tokenizer.encode_chunks(texts):
+            pass
+
+    try:
+        asyncio.run(encode())
+        deadline = time.monotonic() + 30  # the threads let go once they have handed out
+        while [sys.getrefcount(text) for text in texts] != held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [sys.getrefcount(text) for text in texts] == held
+    finally:
+        tokenizer.close()
 
 
 # -- through the real server ---------------------------------------------------------------

@@ -202,12 +202,8 @@ class TextTokenizer:
                     spent.get()  # and freed
                 self.free_s += time.monotonic() - freeing
                 if batch:
-                    try:
-                        texts = [text for waiter in batch for text in waiter.texts]
-                        calls.put(_Call(batch, *self._encode(texts)))
-                    except BaseException as exc:  # a Rust panic is no Exception
-                        for waiter in batch:
-                            _hand(waiter, exc)
+                    self._call(batch, calls)
+                del batch  # and its texts: an idle thread holds none (one may be 30 MB)
         except BaseException as exc:  # a bug: whoever waits hears it; the next text restarts
             with self._queued:
                 self._thread = None
@@ -218,6 +214,15 @@ class TextTokenizer:
         finally:
             calls.put(None)  # the collector hands out what it holds, then ends
             collector.join()
+
+    def _call(self, batch: list[_Waiter], calls: queue.SimpleQueue[_Call | None]) -> None:
+        """One tokenizer call over the waiters' texts, for the collector."""
+        try:
+            texts = [text for waiter in batch for text in waiter.texts]
+            calls.put(_Call(batch, *self._encode(texts)))
+        except BaseException as exc:  # a Rust panic is no Exception
+            for waiter in batch:
+                _hand(waiter, exc)
 
     def _next_call(self) -> list[_Waiter]:
         """The waiters for the next call, in arrival order: whole ones up to CALL_TEXTS texts,
@@ -239,24 +244,28 @@ class TextTokenizer:
         """The collecting thread: each waiter's ids out of its call's encodings into one array,
         handed to the waiter; the encodings then go back to be freed (see `_run`)."""
         while (call := calls.get()) is not None:
-            start = 0
-            clock = time.monotonic()
-            for waiter in call.waiters:
-                stop = start + len(waiter.texts)
-                try:
-                    unread = [i - start for i in call.unread if start <= i < stop]
-                    result: Encoded | BaseException = self._gather(
-                        call.encodings[start:stop], waiter.truncate, waiter.offset, unread
-                    )
-                except BaseException as exc:  # this waiter's alone: a text too long, or no tokens
-                    result = exc
-                now = time.monotonic()
-                self.collect_s += now - clock  # counted before its waiter hears
-                clock = now
-                _hand(waiter, result)
-                start = stop
+            self._hand_out(call)
             spent.put(call.encodings)
-            del call
+            del call  # and its texts, as the waiters' (`_hand_out`'s locals went with it)
+
+    def _hand_out(self, call: _Call) -> None:
+        """Each of a call's waiters its chunk, or its error."""
+        start = 0
+        clock = time.monotonic()
+        for waiter in call.waiters:
+            stop = start + len(waiter.texts)
+            try:
+                unread = [i - start for i in call.unread if start <= i < stop]
+                result: Encoded | BaseException = self._gather(
+                    call.encodings[start:stop], waiter.truncate, waiter.offset, unread
+                )
+            except BaseException as exc:  # this waiter's alone: a text too long, or no tokens
+                result = exc
+            now = time.monotonic()
+            self.collect_s += now - clock  # counted before its waiter hears
+            clock = now
+            _hand(waiter, result)
+            start = stop
 
     def _encode(self, texts: list[str]) -> tuple[list[Encoding], list[int]]:
         """The texts' encodings, truncated, and which of them were read only up to
