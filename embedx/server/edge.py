@@ -1,8 +1,9 @@
 """The outermost ASGI layer: refuses what must not reach the app (draining, no key, a body over
 the limit), answers browsers' CORS preflights for the origins allowed, notices a client that
 hangs up (and cancels its request), counts every request, and turns anything unexpected into
-a plain 500 envelope while the traceback goes to the log. At startup it loads the models to
-preload, once the app has started."""
+a plain 500 envelope while the traceback goes to the log; after a body of megabytes it has
+the allocator give the memory back. At startup it loads the models to preload, once the app
+has started."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from embedx.allocator import GIVE_BACK_AFTER_BYTES, give_back_soon
 from embedx.errors import (
     AuthenticationFailed,
     Bug,
@@ -85,6 +87,7 @@ class Edge:
         assert request is not None, "an ASGI server calls its app in a task"
         state.requests.add(request)
         state.idle.clear()
+        large = False
         try:
             if origin is not None and _is_preflight(scope):  # browsers send it without a key
                 await response.preflight(scope)
@@ -97,6 +100,7 @@ class Edge:
                 await response.error(refusal)
                 return
             body = await self._body(scope, receive)
+            large = len(body) >= GIVE_BACK_AFTER_BYTES
             await self._dispatch(scope, body, receive, response)
         except ClientGone:
             response.status = CLIENT_CLOSED
@@ -114,6 +118,8 @@ class Edge:
             log.exception("request %s %s failed (id %s)", method, path, request_id)
             await response.error(Bug(f"The request failed unexpectedly (request id {request_id})."))
         finally:
+            if large:  # on the loop's next turn: once this frame, and the body, are gone
+                asyncio.get_running_loop().call_soon(give_back_soon)
             state.requests.discard(request)
             if not state.requests:
                 state.idle.set()
