@@ -817,7 +817,9 @@ class Engine:
                 "idle_s": round(self.tokenizer.idle_seconds(), 3),
                 "free_s": round(self.tokenizer.free_s, 3),
                 "cut_at_chars": self.tokenizer.cut_at,
-                "cut_then_retokenized": self.tokenizer.recut,
+                "read_at_most_chars": self.tokenizer.read_at_most,
+                "cut": self.tokenizer.cut,
+                "cut_at_bound": self.tokenizer.cut_at_bound,
             },
             "devices": [
                 {

@@ -2,8 +2,8 @@
 the limit, or too slow to arrive), reads a body once its bytes fit the server's budget,
 answers browsers' CORS preflights for the origins allowed, notices a client that hangs up (and
 cancels its request), counts every request, and turns anything unexpected into a plain 500
-envelope while the traceback goes to the log. At startup it loads the models to preload, once
-the app has started."""
+envelope while the traceback goes to the log; after a body of megabytes it has the allocator
+give the memory back. At startup it loads the models to preload, once the app has started."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from embedx.allocator import GIVE_BACK_AFTER_BYTES, give_back_soon
 from embedx.errors import (
     AuthenticationFailed,
     BodyTimeout,
@@ -89,6 +90,7 @@ class Edge:
         assert request is not None, "an ASGI server calls its app in a task"
         state.receiving.add(request)  # in flight once its body is in (`ServerState`)
         reserved = 0  # bytes of the body budget this request holds
+        large = False
         try:
             if origin is not None and _is_preflight(scope):  # browsers send it without a key
                 await response.preflight(scope)
@@ -109,6 +111,7 @@ class Edge:
             if len(body) < reserved:  # a chunked body, shorter than the largest one
                 state.bodies.release(reserved - len(body))
                 reserved = len(body)
+            large = len(body) >= GIVE_BACK_AFTER_BYTES
             state.receiving.discard(request)
             state.requests.add(request)
             state.idle.clear()
@@ -132,6 +135,8 @@ class Edge:
         finally:
             state.bodies.release(reserved)
             state.receiving.discard(request)
+            if large:  # on the loop's next turn: once this frame, and the body, are gone
+                asyncio.get_running_loop().call_soon(give_back_soon)
             state.requests.discard(request)
             if not state.requests:
                 state.idle.set()
