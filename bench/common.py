@@ -21,24 +21,31 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
-# ../shared/corpora beside the checkout, or a carried copy (.carry/corpora) on a device machine
-CORPUS_DIRS = (HERE.parent.parent / "shared" / "corpora", HERE.parent / ".carry" / "corpora")
+# Where a corpus named without a path is looked for: bench/README.md says what goes there.
+CORPUS_DIR = HERE / "corpora"
 # Read twice, these four give about 2.6M tokens (all-MiniLM-L6-v2 tokenizer, 512 cut),
-# median 35 tokens, p95 217: close to the issue's 2.7M, median 26, p95 194.
+# median 35 tokens, p95 217.
 DEFAULT_CORPUS = ("fortunes", "enwiki_paragraphs", "lee_background", "mini_newsgroup")
 DEFAULT_REPEAT = 2
-SPY_RATE = 200  # py-spy samples a second (load.py --py-spy, gil_holders.py)
+SPY_RATE = 200  # py-spy samples a second (load.py --py-spy)
+CORPUS_HELP = (
+    'JSONL files, one {"text": ...} a line (.gz too), or names of such files in '
+    f"{CORPUS_DIR} (default: {' '.join(DEFAULT_CORPUS)})"
+)
 
 
 def corpus_path(name: str) -> Path:
-    for directory in CORPUS_DIRS:
-        for candidate in (directory / f"{name}.jsonl", directory / f"{name}.jsonl.gz"):
-            if candidate.is_file():
-                return candidate
+    """A corpus file: the path given, or NAME.jsonl (or .jsonl.gz) in CORPUS_DIR."""
     given = Path(name)
     if given.is_file():
         return given
-    raise SystemExit(f"corpus {name!r} not found in {[str(d) for d in CORPUS_DIRS]}")
+    for candidate in (CORPUS_DIR / f"{name}.jsonl", CORPUS_DIR / f"{name}.jsonl.gz"):
+        if candidate.is_file():
+            return candidate
+    raise SystemExit(
+        f"corpus {name!r} not found: pass a JSONL file with --corpus, or put {name}.jsonl "
+        f"in {CORPUS_DIR} (bench/README.md)"
+    )
 
 
 def read_texts(path: Path) -> list[str]:
@@ -100,7 +107,7 @@ def environment() -> dict[str, Any]:
 
 
 def cpu_model() -> str | None:
-    """The processor's name, as /proc/cpuinfo gives it: lent hosts of one kind differ in it,
+    """The processor's name, as /proc/cpuinfo gives it: hosts sold as one kind differ in it,
     and the load figures differ from host to host by more than most changes move them."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:

@@ -2,7 +2,7 @@
 
     python bench/load.py [--model NAME] [--clients 32] [--batch 256] [--requests 1600]
                          [--passes 3] [--server-cores 0-15 --client-cores 16-31]
-                         [--decoding sdk|numpy|body] [--http granian|uvicorn] [--out FILE]
+                         [--decoding sdk|numpy|body] [--corpus PATH ...] [--out FILE]
 
 Loopback only. First the library embeds all the texts the clients will send (one `embed`
 call, in this process); then a server starts in a subprocess on a free 127.0.0.1 port and
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from common import DEFAULT_CORPUS, SPY_RATE, environment, load_corpus, write_json
+from common import CORPUS_HELP, DEFAULT_CORPUS, SPY_RATE, environment, load_corpus, write_json
 from throughput import model_directory
 
 if TYPE_CHECKING:
@@ -469,11 +469,10 @@ def start_server(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]
         "EMBEDX_MAX_BATCH_TOKENS": str(args.max_batch_tokens),
         "EMBEDX_MAX_CONCURRENT_REQUESTS": str(args.clients),
         "EMBEDX_LOG_LEVEL": "warning",
+        # a random shape is a directory the requests name by its path (127.0.0.1 only)
+        "EMBEDX_ALLOW_LOCAL_PATHS": "true",
     }
-    command = ["-m", "embedx", "serve"]
-    if args.http == "uvicorn":
-        command = [str(Path(__file__).with_name("serve_uvicorn.py"))]
-    server = subprocess.Popen([sys.executable, *command], env=env)
+    server = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env)
     import httpx
 
     deadline = time.monotonic() + 120
@@ -501,15 +500,11 @@ def main() -> None:
         "flight, so a short pass counts that ramp and tail for more of its time",
     )
     parser.add_argument("--passes", type=int, default=3, help="timed passes each; medians count")
-    parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
+    parser.add_argument(
+        "--corpus", nargs="+", default=list(DEFAULT_CORPUS), metavar="PATH", help=CORPUS_HELP
+    )
     parser.add_argument("--max-batch-tokens", type=int, default=262144)
     parser.add_argument("--tiny", action="store_true", help="tiny random shapes (host overhead)")
-    parser.add_argument(
-        "--http",
-        choices=["granian", "uvicorn"],
-        default="granian",
-        help="the HTTP server: granian as `embedx serve` runs it, or bench/serve_uvicorn.py",
-    )
     parser.add_argument(
         "--decoding",
         choices=list(DECODINGS),
@@ -534,8 +529,8 @@ def main() -> None:
     parser.add_argument(
         "--gil",
         action="store_true",
-        help="with --py-spy: only the thread holding the interpreter lock, sampled (who holds "
-        "it and how often: bench/gil_holders.py)",
+        help="with --py-spy: only the thread holding the interpreter lock, sampled (a thread's "
+        "share of the samples is its share of the time holding it)",
     )
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -591,7 +586,6 @@ def main() -> None:
         "clients": args.clients,
         "client_processes": min(args.client_processes, args.clients),
         "texts_per_request": args.batch,
-        "http_server": args.http,
         "encoding_format": "base64",
         "decoded_by": DECODINGS[args.decoding],
         "server_cores": len(server_cores),

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    CORPUS_HELP,
     DEFAULT_CORPUS,
     batch_size_change,
     batch_sizes,
@@ -206,7 +207,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model")
     parser.add_argument("--devices", required=True, help="the mixed set, fastest first, e.g. 0,cpu")
-    parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
+    parser.add_argument(
+        "--corpus", nargs="+", default=list(DEFAULT_CORPUS), metavar="PATH", help=CORPUS_HELP
+    )
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--max-batch-tokens", type=int, default=262144)  # as throughput.py
     parser.add_argument("--runs", type=int, default=3, help="timed runs each; medians count")

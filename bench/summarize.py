@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,19 +19,6 @@ def _control(data: dict[str, Any]) -> str:
         f"control {control['makespan_s']:.3f}s (paired {data['control_vs_alone_paired']:.3f}; "
         f"converging against it, paired {against:.3f}) "
     )
-
-
-def _same_statistic(server: dict[str, Any], library: dict[str, Any]) -> str:
-    """Before load.py counted the median of the server's passes, it counted the middle pass,
-    with two passes the slower one, against the library's median: the ratio with the median
-    for both, where that differs."""
-    passes, runs = server.get("runs_s"), library.get("runs_s")
-    if not passes or not runs:
-        return ""
-    served = server["tokens"] / statistics.median(passes)
-    ratio = served / (library["tokens"] / statistics.median(runs))
-    recorded = server["tokens_per_s"] / library["tokens_per_s"]
-    return f" ({ratio:.3f} with the median of both)" if abs(ratio - recorded) > 5e-4 else ""
 
 
 def line(path: Path) -> str:
@@ -71,20 +57,13 @@ def line(path: Path) -> str:
             f"p50 {server['latency_p50_s']:.3f}s p99 {server['latency_p99_s']:.3f}s; library "
             f"{library['tokens_per_s'] / 1e3:.0f}k tok/s "
             f"(main thread {library.get('main_thread_us_per_text')} us/text); "
-            f"ratio {data['server_vs_library']:.3f}{_same_statistic(server, library)}; "
+            f"ratio {data['server_vs_library']:.3f}; "
             f"in engine p50 {server.get('in_engine_p50_s')}s (tokenizing "
             f"{server.get('tokenizing_p50_s')}s); client decoding p50 "
             f"{server.get('client_decoding_p50_s')}s; busy "
             f"{ {k: v['busy_fraction'] for k, v in server.get('devices', {}).items()} }; "
             f"taking ids out {tokenizer.get('collect_fraction')}; "
             f"cpu {server.get('cpu')}"
-        )
-    if kind == "kernels":
-        return "kernels " + json.dumps(
-            {
-                s: {n: {k: round(v, 1) for k, v in r.items()} for n, r in rows.items()}
-                for s, rows in data["shapes"].items()
-            }
         )
     return f"{kind}: " + json.dumps({k: v for k, v in data.items() if k != "environment"})[:600]
 

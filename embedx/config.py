@@ -73,6 +73,13 @@ def _seconds(raw: object) -> float:
     return value
 
 
+def _positive_seconds(raw: object) -> float:
+    value = _seconds(raw)
+    if value == 0:
+        raise ValueError("must be more than 0 seconds")
+    return value
+
+
 def _text(raw: object) -> str:
     return str(raw)
 
@@ -294,14 +301,35 @@ class Settings:
     )
     max_request_items: int = _setting(2048, _int(1), "Most inputs in one request.")
     max_request_bytes: int = _setting(32_000_000, _int(1), "Largest request body, in bytes.")
+    # A MiniLM request of 256 texts is about 60 kB: 5 s is generous for it, and 5 s a MB
+    # (1.6 Mbit/s) lets a slow link send a large body. Waiting no longer than that, a client
+    # that trickles its body holds a connection, and its share of the bytes below, for a bound.
+    body_timeout_s: float = _setting(
+        5.0,
+        _positive_seconds,
+        "Seconds a request body may take to arrive, for each MB (10^6 bytes) of it, and at "
+        "least that for any body; a slower one gets a 408 and its connection is closed.",
+    )
+    # 4 bodies of the largest size at once, any number of small ones beside. A body's bytes
+    # are held about 2.5 times over while read and parsed: 64 bodies of 30 MB at once took
+    # the server from 530 MB to 917 MB, against 690 MB to 5.2 GB before (bench/abuse.py).
+    max_body_bytes_in_flight: int = _setting(
+        128_000_000,
+        _int(1),
+        "Bytes of request bodies read, parsed and embedded at once, reserved before a body is "
+        "read (its declared length, or EMBEDX_MAX_REQUEST_BYTES when it is chunked) until its "
+        "response; the rest wait as for a slot. A body larger than this runs alone.",
+    )
     # An H200 serving MiniLM ran 2.09M tok/s with 8 requests of 256 texts in flight and
-    # 2.88M with 32; 64 to 256 ran no faster, only with longer waits (bench/results/
-    # h200x2-run15/, `7-` and `1-`).
+    # 2.88M with 32; 64 to 256 ran no faster, only with longer waits (bench/load.py,
+    # bench/results/load.md).
     max_concurrent_requests: int = _setting(
         32, _int(1), "Embedding requests in flight; the rest wait."
     )
     request_queue_timeout_s: float = _setting(
-        30.0, _seconds, "How long a request may wait for a slot before a 503."
+        30.0,
+        _seconds,
+        "How long a request may wait for a slot, or for its body's bytes, before a 503.",
     )
     default_keep_alive_s: float = _setting(
         600.0, _seconds, "Idle seconds before a model unloads; 0 unloads when its last user leaves."

@@ -113,7 +113,7 @@ class NativeCodeLacks(InvalidModel):
     `implementation = "auto"` runs such a model through transformers."""
 
 
-# 401, 404, 405, 409, 413
+# 401, 404, 405, 408, 409, 413
 class AuthenticationFailed(EmbedxError):
     status = 401
     type = "authentication_error"
@@ -144,6 +144,18 @@ class MethodNotAllowed(EmbedxError):
 
     def headers(self) -> dict[str, str]:
         return {"Allow": ", ".join(self.allow)}
+
+
+class BodyTimeout(EmbedxError):
+    """The request body did not arrive in time (EMBEDX_BODY_TIMEOUT_S)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "body_timeout"
+
+    def headers(self) -> dict[str, str]:
+        # the rest of the body may still come: the connection cannot carry another request
+        return {"Connection": "close"}
 
 
 class PoolingConflict(EmbedxError):

@@ -6,7 +6,7 @@ An embed over 39,646 texts makes tens of thousands of work records that live unt
 so a full collection came once a call, scanning every object in the process (torch's and
 transformers' modules, the models): 0.10 to 0.12 s of the 2-core machine's host-bound
 embed, with the interpreter lock held, against 0.02 s with the heap frozen
-(`bench/host_only.py`). Reference counting frees everything as usual either way.
+(fake devices that compute nothing). Reference counting frees everything as usual either way.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 # queued text for its request's life, tens of thousands at a time, and collections every
 # 700 scanned them, promoted them and escalated to full ones. MiniLM on an H200 host, two
 # rounds: the server 6 to 8% faster with this, the library 7 to 23%
-# (bench/results/h200x2-run16/, `gc-engine`).
+# (bench/load.py, against 700).
 YOUNG_OBJECTS = 50_000
 _models = 0  # models loaded in this process (engines, each Embedder's or the server's)
 _young_before: int | None = None  # the threshold `hold` raised, for the last `release`

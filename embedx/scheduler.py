@@ -73,7 +73,7 @@ class SpeedModel:
         self.samples = 0
         self._sw = self._sx = self._sy = self._sxx = self._sxy = 0.0
         # How far a batch's time strays from the fit, as a share of it (a moving average):
-        # a GPU time-sliced with a co-tenant ran batches 20% over and under (h200x2-run8/3-).
+        # a GPU time-sliced with a co-tenant ran batches 20% over and under (an H200, BERT-large).
         self.spread = 0.0
         # A probe's (tokens, seconds) points seed the fit, so one tiny batch later (a smoke
         # test) cannot pass for the device's speed.

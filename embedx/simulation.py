@@ -36,7 +36,7 @@ class FakeDevice:
     launch_s: float = 0.0
     # Each batch takes its nominal time times a factor drawn evenly from [1 - jitter,
     # 1 + jitter]: a GPU time-sliced with a co-tenant ran batches 20% over and under the
-    # queue's estimate (h200x2-run8/3-). The draws are seeded by `seed` and the name.
+    # queue's estimate (an H200, BERT-large). The draws are seeded by `seed` and the name.
     jitter: float = 0.0
     seed: int = 0
 

@@ -1,12 +1,28 @@
-"""Which malloc embedx reports: read from the process's memory maps."""
+"""Which malloc embedx reports (read from the process's memory maps), and the memory it
+has glibc give back."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
-from embedx.allocator import allocator
+import httpx
+import pytest
+
+from embedx.allocator import GIVE_BACK_AFTER_BYTES, allocator
+from embedx.config import load_settings
+from embedx.devices import CpuAccelerator
+from embedx.models.catalog import load_catalog
+from embedx.registry import ModelRegistry
+from embedx.server import edge
+from embedx.server.app import create_app
+from tests.conftest import cpu_info
 from tests.test_cli import run
 
 
@@ -34,3 +50,56 @@ def test_embedx_info_reports_the_allocator_the_loader_preloaded(tmp_path: Path) 
     plain = run("info", "--json", env={"LD_PRELOAD": ""})
     assert json.loads(plain.stdout)["allocator"] == "libc"
     assert "allocator: libc" in run("info", env={"LD_PRELOAD": ""}).stdout
+
+
+GIVE_BACK = """
+import json
+from embedx.allocator import give_back
+
+def rss_mb():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmRSS"))
+
+big = b"x" * (30 << 20)  # mapped apart, and handed back when freed: glibc's threshold for
+del big  # that now rises to 30 MB (at most 32), so the blocks below come from the heap
+blocks = [b"x" * (1 << 20) for _ in range(40)]
+del blocks  # free, but kept: below twice the threshold at the heap's top
+kept = rss_mb()
+gave = give_back()
+print(json.dumps({"kept": kept, "gave": gave, "after": rss_mb()}))
+"""
+
+
+def test_giving_back_returns_to_the_system_what_glibc_kept_of_freed_blocks() -> None:
+    environment = {**os.environ, "LD_PRELOAD": ""}  # glibc's malloc, whatever runs the tests
+    ran = subprocess.run(
+        [sys.executable, "-c", GIVE_BACK], capture_output=True, text=True, env=environment
+    )
+    assert ran.returncode == 0, ran.stderr
+    memory = json.loads(ran.stdout)
+    assert memory["gave"]
+    assert memory["after"] < memory["kept"] - 30  # the 40 MB, less what pages stay mapped
+
+
+@pytest.mark.anyio
+async def test_a_body_of_megabytes_has_the_server_give_memory_back_after_its_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    given_back = threading.Event()
+    sizes: list[int] = []
+    monkeypatch.setattr(edge, "give_back_soon", given_back.set)
+    settings = load_settings({}, environ={})
+    registry = ModelRegistry(settings, load_catalog(None), [cpu_info()], CpuAccelerator)
+    transport = httpx.ASGITransport(app=create_app(settings, registry))
+    async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
+        for size in (GIVE_BACK_AFTER_BYTES - 100, GIVE_BACK_AFTER_BYTES):
+            text = "x" * (size - len('{"model":"nowhere","input":""}'))
+            body = json.dumps({"model": "nowhere", "input": text}, separators=(",", ":"))
+            sizes.append(len(body))
+            response = await client.post(
+                "/v1/embeddings", content=body, headers={"content-type": "application/json"}
+            )
+            assert response.status_code == 404  # no such model: read, parsed, answered
+            await asyncio.sleep(0)  # the loop's next turn
+            assert given_back.is_set() == (size == GIVE_BACK_AFTER_BYTES)
+    assert sizes == [GIVE_BACK_AFTER_BYTES - 100, GIVE_BACK_AFTER_BYTES]

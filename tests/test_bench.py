@@ -87,3 +87,26 @@ def test_load_measures_server_and_library(tmp_path: Path, decoding: str) -> None
     assert result["server"]["tokens"] == result["library"]["tokens"] > 0
     assert result["server_vs_library"] > 0
     assert result["decoded_by"].startswith({"sdk": "the SDK", "body": "orjson"}[decoding])
+
+
+def test_abuse_measures_long_texts_slow_bodies_and_large_bodies(tmp_path: Path) -> None:
+    result = _bench(
+        "abuse.py",
+        "--text-mb",
+        "0.1",
+        "--slow-clients",
+        "20",
+        "--bodies",
+        "2",
+        "--body-mb",
+        "1",
+        "--log",
+        str(tmp_path / "server.log"),
+        out=tmp_path / "abuse.json",
+    )
+    assert result["long_text"][0]["status"] == 200
+    slow = result["slow_bodies"]
+    assert slow["one_text_requests_meanwhile"]["answered"] == 5
+    assert slow["slow_sockets_answers_within_30_s"] == {"408": 20}
+    assert slow["slow_sockets_answers_at_stop"] == {"503": 20}
+    assert result["large_bodies"][0]["answered_with_every_vector"] == 2

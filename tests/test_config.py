@@ -67,6 +67,7 @@ def test_precedence_is_defaults_then_toml_then_environment_then_flags(tmp_path: 
         ("EMBEDX_DEFAULT_KEEP_ALIVE_S", "nan", "default_keep_alive_s"),
         ("EMBEDX_BATCH_TIMEOUT_S", "inf", "batch_timeout_s"),
         ("EMBEDX_DRAIN_TIMEOUT_S", "-1", "drain_timeout_s"),
+        ("EMBEDX_BODY_TIMEOUT_S", "0", "body_timeout_s"),  # every body would be late
     ],
 )
 def test_a_bad_value_names_its_key_and_value(variable: str, value: str, named: str) -> None:

@@ -132,7 +132,7 @@ async def test_a_gpu_whose_batch_hung_is_closed_without_waiting_for_it() -> None
 
 def test_importing_embedx_turns_off_onednn_primitive_caching_unless_set() -> None:
     """Batches come in every shape; oneDNN's per-shape cache grew a CPU process without end
-    (bench/cpu_memory.py)."""
+    (MiniLM, 240 requests of 100 texts)."""
     code = "import os, embedx; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
     clean = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
     for preset, expected in ((None, "0"), ("64", "64")):

@@ -1,4 +1,4 @@
-"""The CUDA paths, run on the device machine: `pytest -m gpu`. Each has a CPU twin in CI."""
+"""The CUDA paths, run on a CUDA host: `pytest -m gpu`. Each has a CPU twin in CI."""
 
 from __future__ import annotations
 

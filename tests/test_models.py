@@ -30,7 +30,7 @@ from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype
 from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, token_rows
 from embedx.models.pooling import Pooling, pool
-from embedx.models.source import ModelFiles, check_exists, resolve
+from embedx.models.source import check_exists, resolve
 from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, TextTokenizer
 from tests.conftest import RemoteCodeModel
 
@@ -331,86 +331,6 @@ def test_truncation_is_counted_and_refused_when_asked(minilm_dir: Path) -> None:
     assert encoded.lengths == [8, 3]
     with pytest.raises(InputTooLong, match="input 0"):
         tokenizer.encode_now(["one two three four five six seven eight nine"], truncate=False)
-
-
-def _trained(kind: str, texts: list[str]) -> Any:
-    """A small tokenizer of another family, trained here on `texts` (no hub)."""
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
-
-    if kind == "byte-level BPE, Qwen's split":
-        tokenizer = Tokenizer(models.BPE())
-        pattern = Regex(
-            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-        )
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(pattern, "isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-        alphabet = pre_tokenizers.ByteLevel.alphabet()
-        trainer: Any = trainers.BpeTrainer(vocab_size=800, initial_alphabet=alphabet)
-    else:  # unigram, as sentencepiece models (XLM-R) have it
-        tokenizer = Tokenizer(models.Unigram())
-        tokenizer.normalizer = normalizers.NFKC()
-        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-        trainer = trainers.UnigramTrainer(
-            vocab_size=800, unk_token="<unk>", special_tokens=["<unk>"]
-        )
-    tokenizer.train_from_iterator(texts, trainer)
-    return tokenizer
-
-
-@pytest.mark.parametrize("family", ["MiniLM", "byte-level BPE, Qwen's split", "unigram"])
-@pytest.mark.parametrize("length", [16, 64])
-def test_long_texts_are_cut_before_tokenizing_and_keep_the_same_tokens(
-    minilm_dir: Path, reference_texts: list[str], tmp_path: Path, family: str, length: int
-) -> None:
-    from tokenizers import Tokenizer
-
-    if family == "MiniLM":
-        shutil.copy(minilm_dir / "tokenizer.json", tmp_path)
-    else:
-        _trained(family, reference_texts).save(str(tmp_path / "tokenizer.json"))
-    tokenizer = TextTokenizer(ModelFiles(tmp_path, (), {}), length)
-    assert tokenizer.cut_at == 16 * length
-    awkward = [
-        " ".join(["x" * 150] * 100),  # WordPiece makes each 150-character word one [UNK]
-        "日本語の文章" * 2000,  # no spaces: tokenized whole
-        "word " * 2000 + "end",
-        "a" + " " * 3000 + "b " * 500,
-    ]
-    texts = reference_texts + awkward
-    assert sum(len(t) > 16 * length for t in texts) > 20  # enough texts to cut
-    whole = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
-    whole.no_padding()
-    whole.enable_truncation(length)
-    expected = whole.encode_batch_fast(texts)
-    encoded = tokenizer.encode_now(texts)
-    assert [list(ids) for ids in encoded.views()] == [e.ids for e in expected]
-    assert encoded.truncated == sum(bool(e.overflowing) for e in expected)
-    # tokenized whole after the cut: only awkward texts (a cut leaving one word, one-token
-    # words of 150 characters), never an ordinary one
-    assert 1 <= tokenizer.recut <= 2
-
-    async def served() -> list[list[int]]:  # the server's way: chunks, off the event loop
-        return [
-            list(ids) async for _, chunk in tokenizer.encode_chunks(texts) for ids in chunk.views()
-        ]
-
-    recut = tokenizer.recut
-    assert asyncio.run(served()) == [e.ids for e in expected]
-    assert tokenizer.recut == 2 * recut  # the same texts tokenized whole again, off the loop
-
-
-def test_a_tokenizer_that_does_not_split_at_spaces_never_cuts(tmp_path: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(use_regex=False)  # one word a text
-    tokenizer.save(str(tmp_path / "tokenizer.json"))
-    assert TextTokenizer(ModelFiles(tmp_path, (), {}), 16).cut_at is None
 
 
 def count_calls(tokenizer: TextTokenizer) -> list[int]:

@@ -519,7 +519,7 @@ def test_converging_is_near_the_best_static_split_and_never_loses_to_the_fast_de
 @pytest.mark.parametrize("ratio", [2, 5])
 def test_a_slow_device_whose_batches_stray_still_never_costs_the_pair(ratio: float) -> None:
     # A GPU time-sliced with co-tenants ran batches 20% over and under the queue's estimate
-    # (h200x2-run8/3-). With the slow device's batches 25% either way, over seeds: the pair
+    # (an H200, BERT-large). With the slow device's batches 25% either way, over seeds: the pair
     # never loses to the fast device alone, and on average keeps within 1% of the static
     # split that is best for the devices' nominal speeds, run with the same draws.
     alone_ratios, static_ratios = [], []

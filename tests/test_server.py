@@ -724,7 +724,7 @@ def test_a_path_with_escaped_spaces_or_bytes_is_a_404_not_a_500(server: Server) 
     forged_lines = [line for line in server.output().splitlines() if "FORGED" in line]
     assert forged_lines, "no access line for the request"
     assert forged_lines == [
-        line for line in server.output().splitlines() if "GET /nope\\n2026" in line
+        line for line in server.output().splitlines() if "GET /nope\\x0a2026" in line
     ], "a path's newline began a log line of its own"
 
 
@@ -798,7 +798,8 @@ def test_info_shows_settings_devices_counters_and_models(server: Server) -> None
     for key in ("collect_s", "idle_s", "free_s"):  # in ms, rounded: too few texts here to show
         assert key in model["tokenizer"]
     assert model["tokenizer"]["cut_at_chars"] == 16 * model["max_seq_len"]
-    assert model["tokenizer"]["cut_then_retokenized"] == 0
+    assert model["tokenizer"]["read_at_most_chars"] == 64 * model["max_seq_len"]
+    assert model["tokenizer"]["cut"] == model["tokenizer"]["cut_at_bound"] == 0
 
 
 def test_metrics_are_prometheus_text(server: Server) -> None:

@@ -61,7 +61,10 @@ class TokenizerReport:
     collect_s: float  # taking ids out of calls, on a thread of its own
     idle_s: float
     free_s: float
-    cut_at_chars: int | None
+    cut_at_chars: int | None  # a text longer than this is read a window at a time
+    read_at_most_chars: int  # the widest window: what a text ever costs the tokenizer
+    cut: int  # texts read a window only
+    cut_at_bound: int  # texts read to the widest window, counted as truncated
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +75,9 @@ class TokenizerReport:
             "idle_s": round(self.idle_s, 3),
             "free_s": round(self.free_s, 3),
             "cut_at_chars": self.cut_at_chars,
+            "read_at_most_chars": self.read_at_most_chars,
+            "cut": self.cut,
+            "cut_at_bound": self.cut_at_bound,
         }
 
 
@@ -146,6 +152,9 @@ def report_of(engine: Engine) -> EngineReport:
             idle_s=tokenizer.idle_seconds(),
             free_s=tokenizer.free_s,
             cut_at_chars=tokenizer.cut_at,
+            read_at_most_chars=tokenizer.read_at_most,
+            cut=tokenizer.cut,
+            cut_at_bound=tokenizer.cut_at_bound,
         ),
         devices=[_device_report(engine, worker) for worker in engine.workers],
         skipped_devices=dict(engine.skipped),

@@ -1,8 +1,8 @@
 """Texts to token ids with the model's fast tokenizer: truncation (counted), texts far longer
-than the model reads cut at a space first, and batch encoding off the event loop on a thread
-of its own, one call at a time, shared (up to CALL_TEXTS texts) by the requests that queue
-texts while it runs; a second thread takes the ids out of each call while the next runs, so
-the loop gets arrays."""
+than the model reads tokenized from a window of their start, and batch encoding off the event
+loop on a thread of its own, one call at a time, shared (up to CALL_TEXTS texts) by the
+requests that queue texts while it runs; a second thread takes the ids out of each call while
+the next runs, so the loop gets arrays."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # Texts a request submits at a time: a small first chunk so the devices start early, then
 # larger ones. The tokenizer spreads each call over every core, so calls run one at a time,
 # and chunks of concurrent requests that arrive meanwhile share the next
-# (bench/tokenization.py, "pipelined").
+# (on 2 cores, as fast as one call over all the texts with their ids collected).
 FIRST_CHUNK = 1024
 CHUNK = 4096
 # Chunks a request keeps queued beyond the one it handles: with two, the tokenizer encodes
@@ -44,16 +44,20 @@ CHUNKS_AHEAD = 2
 # while the next encodes and the requests finish one call at a time: one call for all of
 # them made each stage wait for the one before, in step (64 callers of 256 texts on an H200:
 # a request's call took 194 ms to encode, median, and the tokenizer waited for texts 41% of
-# the time; bench/results/h200x2-run17/).
+# the time; bench/load.py).
 CALL_TEXTS = 2048
-# A text longer than this many characters per token the model reads is cut at a space
-# before tokenizing: the tokenizer's time follows the text's length, not what is kept of it.
-# The cut is taken only where it cannot change the kept tokens (`_splits_at_spaces`,
-# `_kept_clear_of_cut`).
+# A text longer than this many characters per token the model reads is not tokenized whole:
+# the tokenizer's time and memory follow the text's length, not what is kept of it (30 MB of
+# CJK held MiniLM's tokenizer for 24 s, and the server's memory grew by 4 GB). A window of its
+# first characters is tokenized instead, whatever its script (no space is needed), and wider
+# ones, each twice the last, while they do not settle its kept tokens (`_windowed`).
 CHARS_PER_TOKEN = 16
-# A cut this close to a text's start (one long word, or none, before it) is not trusted:
-# the whole text is tokenized instead.
-CUT_MARGIN_CHARS = 64
+# The widest window, in characters per token the model reads: no text costs the tokenizer
+# more than its windows, max_seq_len * (16 + 32 + 64) characters. A text whose kept tokens
+# even this one does not settle (its first max_seq_len tokens span more characters: words
+# of a hundred characters each, or thousands of spaces) is read that far only, and counted as
+# truncated.
+MAX_CHARS_PER_TOKEN = 64
 # Where a model without tokenizer.json keeps its vocabulary (transformers converts these).
 SLOW_TOKENIZER_FILES = ("vocab.txt", "vocab.json", "*.model")
 
@@ -82,12 +86,20 @@ class TextTokenizer:
         self._tokenizer = _load(files)
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_seq_len)
-        self.cut_at = max_seq_len * CHARS_PER_TOKEN if _splits_at_spaces(self._tokenizer) else None
+        # The windows of over-long texts, whole, with their words; truncated after.
+        self._windows = _load(files)
+        self._windows.no_padding()
+        self._windows.no_truncation()
+        self.cut_at = max_seq_len * CHARS_PER_TOKEN
+        self.read_at_most = max_seq_len * MAX_CHARS_PER_TOKEN
+        # WordPiece makes a word of more than max_input_chars_per_word characters one [UNK]:
+        # the start of a word tells nothing of it (`_windowed`).
+        self._whole_words = _tokenizes_whole_words(self._windows)
         # One thread makes the calls, back to back: the next starts as the last returns,
         # with whatever texts were queued meanwhile, not when the busy event loop gets to
-        # the last one's result (on the H200 host the server's loop thread spent about 10%
+        # the last one's result (on an H200 the server's loop thread spent about 10%
         # less time a text, its requests 30 to 50% less waiting for their tokens:
-        # bench/results/h200x2-run10/, the `6-` files).
+        # bench/load.py).
         # The tokenizer spreads each call over every core itself.
         self._queued = threading.Condition()
         self._waiting: collections.deque[_Waiter] = collections.deque()
@@ -96,7 +108,8 @@ class TextTokenizer:
         # For /info: when tokenizing limits a server, its busy share nears 1.
         self.calls = 0
         self.texts = 0
-        self.recut = 0  # cut texts tokenized whole after all (see `_unclean_cuts`)
+        self.cut = 0  # texts longer than `cut_at`, tokenized from a window
+        self.cut_at_bound = 0  # of them, those read only up to `read_at_most` characters
         self.busy_s = 0.0
         self.collect_s = 0.0  # the collecting thread's, taking ids out (it too can limit)
         # The tokenizer's thread between calls: waiting for texts, and freeing the last
@@ -189,12 +202,8 @@ class TextTokenizer:
                     spent.get()  # and freed
                 self.free_s += time.monotonic() - freeing
                 if batch:
-                    try:
-                        texts = [text for waiter in batch for text in self._cut(waiter.texts)]
-                        calls.put(_Call(batch, self._encode(texts)))
-                    except BaseException as exc:  # a Rust panic is no Exception
-                        for waiter in batch:
-                            _hand(waiter, exc)
+                    self._call(batch, calls)
+                del batch  # and its texts: an idle thread holds none (one may be 30 MB)
         except BaseException as exc:  # a bug: whoever waits hears it; the next text restarts
             with self._queued:
                 self._thread = None
@@ -205,6 +214,15 @@ class TextTokenizer:
         finally:
             calls.put(None)  # the collector hands out what it holds, then ends
             collector.join()
+
+    def _call(self, batch: list[_Waiter], calls: queue.SimpleQueue[_Call | None]) -> None:
+        """One tokenizer call over the waiters' texts, for the collector."""
+        try:
+            texts = [text for waiter in batch for text in waiter.texts]
+            calls.put(_Call(batch, *self._encode(texts)))
+        except BaseException as exc:  # a Rust panic is no Exception
+            for waiter in batch:
+                _hand(waiter, exc)
 
     def _next_call(self) -> list[_Waiter]:
         """The waiters for the next call, in arrival order: whole ones up to CALL_TEXTS texts,
@@ -226,33 +244,99 @@ class TextTokenizer:
         """The collecting thread: each waiter's ids out of its call's encodings into one array,
         handed to the waiter; the encodings then go back to be freed (see `_run`)."""
         while (call := calls.get()) is not None:
-            start = 0
-            clock = time.monotonic()
-            for waiter in call.waiters:
-                stop = start + len(waiter.texts)
-                try:
-                    result: Encoded | BaseException = self._finish(
-                        call.encodings[start:stop], waiter.texts, waiter.truncate, waiter.offset
-                    )
-                except BaseException as exc:  # this waiter's alone: a text too long, or no tokens
-                    result = exc
-                now = time.monotonic()
-                self.collect_s += now - clock  # counted before its waiter hears
-                clock = now
-                _hand(waiter, result)
-                start = stop
+            self._hand_out(call)
             spent.put(call.encodings)
-            del call
+            del call  # and its texts, as the waiters' (`_hand_out`'s locals went with it)
 
-    def _encode(self, texts: list[str]) -> list[Encoding]:
+    def _hand_out(self, call: _Call) -> None:
+        """Each of a call's waiters its chunk, or its error."""
+        start = 0
+        clock = time.monotonic()
+        for waiter in call.waiters:
+            stop = start + len(waiter.texts)
+            try:
+                unread = [i - start for i in call.unread if start <= i < stop]
+                result: Encoded | BaseException = self._gather(
+                    call.encodings[start:stop], waiter.truncate, waiter.offset, unread
+                )
+            except BaseException as exc:  # this waiter's alone: a text too long, or no tokens
+                result = exc
+            now = time.monotonic()
+            self.collect_s += now - clock  # counted before its waiter hears
+            clock = now
+            _hand(waiter, result)
+            start = stop
+
+    def _encode(self, texts: list[str]) -> tuple[list[Encoding], list[int]]:
+        """The texts' encodings, truncated, and which of them were read only up to
+        `read_at_most` characters (see `_windowed`)."""
         started = time.monotonic()
         try:  # the tokenizer releases the GIL while it encodes
-            return self._tokenizer.encode_batch_fast(texts)
+            cut = self.cut_at
+            long = [i for i, text in enumerate(texts) if len(text) > cut]
+            if not long:
+                return self._tokenizer.encode_batch_fast(texts), []
+            encodings = self._tokenizer.encode_batch_fast(
+                [text if len(text) <= cut else "" for text in texts]
+            )
+            windowed, at_bound = self._windowed([texts[i] for i in long])
+            for i, encoding in zip(long, windowed, strict=True):
+                encodings[i] = encoding
+            return encodings, [long[k] for k in at_bound]
         finally:
-            with self._queued:  # both threads count (a cut text tokenized whole, rarely)
+            with self._queued:
                 self.busy_s += time.monotonic() - started
                 self.calls += 1
                 self.texts += len(texts)
+
+    def _windowed(self, texts: list[str]) -> tuple[list[Encoding], list[int]]:
+        """Texts longer than `cut_at`, truncated, each from a window of its first characters
+        rather than whole; and which of them were read only up to `read_at_most` characters.
+
+        A window settles its text's kept tokens where
+        - they lie before its last two words: they are the whole text's (`_stable_tokens`);
+        - or it overflows the model with the same kept tokens as the window half its width:
+          the text is one word, or starts with one, wider than that (CJK under a Metaspace
+          tokenizer, a base64 blob), which words cannot settle, and twice the text did not
+          change them (BPE and Unigram split a word by what is near; not WordPiece, whose
+          [UNK] for a long word turns on its whole length);
+        - or it is the whole text.
+        Each round of windows is one call, on every core, for the texts still open; those
+        that the widest leaves open get what it keeps: reading on would cost more than the
+        model reads, whatever the text holds."""
+        keep = self.max_seq_len
+        self.cut += len(texts)
+        settled: dict[int, Encoding] = {}
+        last: dict[int, Encoding] = {}  # each open text's widest window so far
+        open_ = list(range(len(texts)))
+        width = self.cut_at
+        while open_:
+            windows = self._windows.encode_batch(
+                [texts[i][:width] for i in open_], add_special_tokens=False
+            )
+            still = []
+            for i, window in zip(open_, windows, strict=True):
+                narrower = last.get(i)
+                if len(texts[i]) <= width or _stable_tokens(window.word_ids) > keep:
+                    settled[i] = window
+                elif (
+                    narrower is not None
+                    and not self._whole_words
+                    and _same_kept(narrower, window, keep)
+                ):
+                    settled[i] = narrower
+                else:
+                    last[i] = window
+                    still.append(i)
+            open_ = still
+            if width >= self.read_at_most:
+                break
+            width = min(2 * width, self.read_at_most)
+        for i in open_:
+            settled[i] = last[i]
+        self.cut_at_bound += len(open_)
+        post = self._tokenizer.post_process  # truncation and special tokens, as encode's
+        return [post(settled[i], None, True) for i in range(len(texts))], open_
 
     def close(self) -> None:
         """Stop the tokenizer's threads once the call in progress, if any, is handed out."""
@@ -262,40 +346,17 @@ class TextTokenizer:
 
     def encode_now(self, texts: Sequence[str], *, truncate: bool = True) -> Encoded:
         """Blocking encode, for tests and bench/ (the engine encodes on its threads)."""
-        return self._finish(self._encode(self._cut(texts)), texts, truncate, offset=0)
+        encodings, unread = self._encode(list(texts))
+        return self._gather(encodings, truncate, 0, unread)
 
-    def _cut(self, texts: Sequence[str]) -> list[str]:
-        """The texts, each far longer than the model reads cut at a space (`cut_at`)."""
-        limit = self.cut_at
-        if limit is None:
-            return list(texts)
-        return [text if len(text) <= limit else _cut_at_space(text, limit) for text in texts]
-
-    def _unclean_cuts(self, encodings: list[Encoding], texts: Sequence[str]) -> list[int]:
-        """Which cut texts must be tokenized whole after all (see `_kept_clear_of_cut`): rare,
-        since their tokens would have to average nearly CHARS_PER_TOKEN characters."""
-        limit = self.cut_at
-        if limit is None:
-            return []
-        redo = [
-            i
-            for i, text in enumerate(texts)
-            if len(text) > limit and not _kept_clear_of_cut(encodings[i], text, limit)
-        ]
-        self.recut += len(redo)
-        return redo
-
-    def _finish(
-        self, encodings: list[Encoding], texts: Sequence[str], truncate: bool, offset: int
+    def _gather(
+        self,
+        encodings: list[Encoding],
+        truncate: bool,
+        offset: int,
+        unread: Sequence[int] = (),
     ) -> Encoded:
-        """The texts' chunk from their encodings after the cut, tokenizing whole the few cut
-        texts whose kept tokens the cut could have changed."""
-        redo = self._unclean_cuts(encodings, texts)
-        if redo:
-            _replace(encodings, redo, self._encode([texts[i] for i in redo]))
-        return self._gather(encodings, truncate, offset)
-
-    def _gather(self, encodings: list[Encoding], truncate: bool, offset: int) -> Encoded:
+        """The chunk of these encodings; `unread`: those of texts read only in part."""
         # One int32 array per chunk: the ids' Python ints live only while they are copied,
         # so tens of thousands of texts leave no garbage for the collector to scan.
         lengths = list(map(len, encodings))
@@ -305,10 +366,18 @@ class TextTokenizer:
         # encoding builds a Python list for each).
         full = self.max_seq_len
         truncated = [i for i, n in enumerate(lengths) if n == full and encodings[i].overflowing]
+        if unread:
+            truncated = sorted({*truncated, *unread})
         if truncated and not truncate:
+            i = truncated[0]
+            longer = (
+                f"{self.read_at_most} characters, the most this model reads"
+                if i in unread
+                else f"this model's {self.max_seq_len} tokens"
+            )
             raise InputTooLong(
-                f"input {offset + truncated[0]} is longer than this model's "
-                f"{self.max_seq_len} tokens; send shorter texts or set truncate to true",
+                f"input {offset + i} is longer than {longer}; send shorter texts or set "
+                "truncate to true",
                 param="inputs",
             )
         if 0 in lengths:
@@ -326,6 +395,7 @@ class _Call:
 
     waiters: list[_Waiter]
     encodings: list[Encoding]
+    unread: list[int]  # texts read only up to `read_at_most` characters
 
 
 @dataclass(slots=True)
@@ -354,54 +424,38 @@ def _settle(future: asyncio.Future[Encoded], result: Encoded | BaseException) ->
         future.set_result(result)
 
 
-def _replace(encodings: list[Encoding], positions: list[int], others: list[Encoding]) -> None:
-    for i, encoding in zip(positions, others, strict=True):
-        encodings[i] = encoding
+def _stable_tokens(word_ids: list[int | None]) -> int:
+    """How many of a window's first tokens are those of the whole text it starts: the tokens
+    before its last two words.
+
+    The pre-tokenizer splits text into words by what is near (a regex's lookahead reaches
+    one character past a word; normalizers change characters by their neighbours), and the
+    model turns each word into tokens alone: BERT's WordPiece, byte-level BPE, Metaspace
+    with Unigram. So only the words that touch the window's end can differ from the whole
+    text's: the last one, and the one whose lookahead reaches into it."""
+    last: set[int] = set()
+    for i in range(len(word_ids) - 1, -1, -1):
+        word = word_ids[i]
+        if word is not None and word not in last:
+            if len(last) == 2:
+                return i + 1
+            last.add(word)
+    return 0
 
 
-def _cut_length(text: str, limit: int) -> int:
-    """Where `text` is cut: before its last run of spaces within `limit` characters; its
-    whole length if it has none."""
-    end = text.rfind(" ", 0, limit)
-    while end > 0 and text[end - 1] == " ":
-        end -= 1
-    return end if end > 0 else len(text)
+def _tokenizes_whole_words(tokenizer: Tokenizer) -> bool:
+    """Whether the model reads a word whole before splitting it: WordPiece, whose word of
+    more than max_input_chars_per_word characters is one [UNK]."""
+    from tokenizers.models import WordPiece
+
+    return isinstance(tokenizer.model, WordPiece)
 
 
-def _cut_at_space(text: str, limit: int) -> str:
-    return text[: _cut_length(text, limit)]
-
-
-def _kept_clear_of_cut(encoding: Encoding, text: str, limit: int) -> bool:
-    """Whether a text's tokens after the cut are the whole text's (or it was not cut).
-
-    The cut falls between words, and words tokenize on their own (`_splits_at_spaces`), so a
-    cut text's tokens begin the whole text's; while they still overflow the model's length,
-    truncation keeps the same ones. A cut text that fits would have read on, and a cut
-    within CUT_MARGIN_CHARS of the start is not trusted. (Fast encodings carry no character
-    offsets, so the kept tokens' positions cannot be checked against the cut.)"""
-    cut = _cut_length(text, limit)
-    if cut == len(text):
-        return True
-    return bool(encoding.overflowing) and cut >= CUT_MARGIN_CHARS
-
-
-_PROBE = "alpha beta gamma delta"
-
-
-def _splits_at_spaces(tokenizer: Tokenizer) -> bool:
-    """Whether the tokenizer splits text into words at spaces before tokenizing each word on
-    its own (BERT, byte-level BPE, Metaspace and the like): then a text cut before a space
-    keeps its earlier words, and their tokens, as the whole text has them."""
-    pre = tokenizer.pre_tokenizer
-    if pre is None:
-        return False
-    text = tokenizer.normalizer.normalize_str(_PROBE) if tokenizer.normalizer else _PROBE
-    gaps = [k for k in range(1, len(text) - 1) if not text[k].isalpha() and text[k - 1].isalpha()]
-    if len(gaps) != _PROBE.count(" "):
-        return False  # the normalizer did more to the spaces than mark them
-    words = [span for _, span in pre.pre_tokenize_str(text)]
-    return not any(start < gap < end - 1 for gap in gaps for start, end in words)
+def _same_kept(narrow: Encoding, wide: Encoding, keep: int) -> bool:
+    """Whether two windows of a text both overflow `keep` tokens, with the same first ones."""
+    return (
+        len(narrow) > keep and len(wide) > keep and narrow.ids[: keep + 1] == wide.ids[: keep + 1]
+    )
 
 
 def chunk_bounds(count: int) -> list[tuple[int, int]]:

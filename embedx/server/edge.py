@@ -1,8 +1,9 @@
 """The outermost ASGI layer: refuses what must not reach the app (draining, no key, a body over
-the limit), answers browsers' CORS preflights for the origins allowed, notices a client that
-hangs up (and cancels its request), counts every request, and turns anything unexpected into
-a plain 500 envelope while the traceback goes to the log. At startup it loads the models to
-preload, once the app has started."""
+the limit, or too slow to arrive), reads a body once its bytes fit the server's budget,
+answers browsers' CORS preflights for the origins allowed, notices a client that hangs up (and
+cancels its request), counts every request, and turns anything unexpected into a plain 500
+envelope while the traceback goes to the log; after a body of megabytes it has the allocator
+give the memory back. At startup it loads the models to preload, once the app has started."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from embedx.allocator import GIVE_BACK_AFTER_BYTES, give_back_soon
 from embedx.errors import (
     AuthenticationFailed,
+    BodyTimeout,
     Bug,
     EmbedxError,
     InvalidRequest,
@@ -85,8 +88,9 @@ class Edge:
         )
         request = asyncio.current_task()
         assert request is not None, "an ASGI server calls its app in a task"
-        state.requests.add(request)
-        state.idle.clear()
+        state.receiving.add(request)  # in flight once its body is in (`ServerState`)
+        reserved = 0  # bytes of the body budget this request holds
+        large = False
         try:
             if origin is not None and _is_preflight(scope):  # browsers send it without a key
                 await response.preflight(scope)
@@ -98,14 +102,27 @@ class Edge:
             if refusal is not None:
                 await response.error(refusal)
                 return
-            body = await self._body(scope, receive)
+            declared = self._declared_length(scope)
+            # held until the request is done: its body is read, parsed, tokenized meanwhile
+            reserved = await state.bodies.reserve(
+                state.settings.max_request_bytes if declared is None else declared
+            )
+            body = await self._body(receive, declared)
+            if len(body) < reserved:  # a chunked body, shorter than the largest one
+                state.bodies.release(reserved - len(body))
+                reserved = len(body)
+            large = len(body) >= GIVE_BACK_AFTER_BYTES
+            state.receiving.discard(request)
+            state.requests.add(request)
+            state.idle.clear()
             await self._dispatch(scope, body, receive, response)
         except ClientGone:
             response.status = CLIENT_CLOSED
         except asyncio.CancelledError:
             if not state.draining:
                 raise
-            # ended by a stop that waited long enough (`run._until_stopped`)
+            # ended by a stop: at once if its body had not arrived (`ServerState.stop_taking`),
+            # else once the drain waited long enough (`run._until_stopped`)
             if not response.started:
                 await response.error(
                     ShuttingDown("the server shut down before this request finished")
@@ -116,6 +133,10 @@ class Edge:
             log.exception("request %s %s failed (id %s)", method, path, request_id)
             await response.error(Bug(f"The request failed unexpectedly (request id {request_id})."))
         finally:
+            state.bodies.release(reserved)
+            state.receiving.discard(request)
+            if large:  # on the loop's next turn: once this frame, and the body, are gone
+                asyncio.get_running_loop().call_soon(give_back_soon)
             state.requests.discard(request)
             if not state.requests:
                 state.idle.set()
@@ -176,24 +197,51 @@ class Edge:
             return AuthenticationFailed("wrong API key")
         return None
 
-    async def _body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self.state.settings.max_request_bytes
+    def _declared_length(self, scope: Scope) -> int | None:
+        """The body's length, as its headers give it; None for a chunked one, which says
+        nothing in advance. One over EMBEDX_MAX_REQUEST_BYTES is refused unread."""
+        if _header(scope, b"transfer-encoding") is not None:  # it overrides a content-length
+            return None
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise _too_large(int(declared), limit)
+        size = int(declared) if declared is not None and declared.isdigit() else 0
+        limit = self.state.settings.max_request_bytes
+        if size > limit:
+            raise _too_large(size, limit)
+        return size
+
+    async def _body(self, receive: Receive, declared: int | None) -> bytes:
+        """The whole body, read by a deadline of EMBEDX_BODY_TIMEOUT_S for each MB of it (at
+        least that much for any body): set at once for a body of declared length, and moved
+        on as a chunked body's bytes arrive. A client that sends slower gets a 408, and its
+        connection is closed: otherwise slow clients would hold connections as long as they
+        liked. The deadline cancels the await on the server's read (granian's RSGI drops
+        its read of the body then)."""
+        limit = self.state.settings.max_request_bytes
+        per_mb = self.state.settings.body_timeout_s
+        started = asyncio.get_running_loop().time()
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:  # a chunked body says nothing in advance: count as it comes
-                raise _too_large(size, limit)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        try:
+            async with asyncio.timeout_at(started + _allowed_s(declared or 0, per_mb)) as timer:
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientGone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:  # a chunked body says nothing in advance: count as it comes
+                        raise _too_large(size, limit)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+                    if declared is None:
+                        timer.reschedule(started + _allowed_s(size, per_mb))
+        except TimeoutError:
+            allowed = _allowed_s(declared if declared is not None else size, per_mb)
+            raise BodyTimeout(
+                f"the request body did not arrive within {allowed:g} s "
+                f"(EMBEDX_BODY_TIMEOUT_S: {per_mb:g} s for each MB, and at least that)"
+            ) from None
 
     async def _dispatch(
         self, scope: Scope, body: bytes, receive: Receive, response: _Response
@@ -320,6 +368,10 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
+
+
+def _allowed_s(size: int, per_mb: float) -> float:
+    return per_mb * max(1.0, size / 1e6)
 
 
 def _too_large(size: int, limit: int) -> PayloadTooLarge:

@@ -132,6 +132,8 @@ _ERRORS: dict[int, tuple[str, dict[str, Any]]] = {
           {"WWW-Authenticate": _header("Bearer, as RFC 6750 asks")}),
     404: ("Unknown model", {}),
     405: ("Wrong method", {"Allow": _header("The methods the path takes")}),
+    408: ("The body did not arrive within EMBEDX_BODY_TIMEOUT_S a MB; the connection closes",
+          {"Connection": _header("close")}),
     409: ("Pooling conflict: the model is loaded with another pooling",
           {"x-should-retry": _header("false: the OpenAI SDK retries a 409 unless told not to")}),
     413: ("The body is over EMBEDX_MAX_REQUEST_BYTES", {}),
@@ -142,9 +144,9 @@ _ERRORS: dict[int, tuple[str, dict[str, Any]]] = {
           {"Retry-After": _header("Seconds to wait before sending it again, where waiting "
                                   "helps", "integer")}),
 }  # fmt: skip
-# Every route can answer these: the wrong method, a body over the limit (the edge reads a
-# body whatever the method), a bug, and 503 while the server drains.
-EVERY_ROUTE = (405, 413, 500, 503)
+# Every route can answer these: the wrong method, a body over the limit or too slow (the edge
+# reads a body whatever the method), a bug, and 503 while the server drains.
+EVERY_ROUTE = (405, 408, 413, 500, 503)
 EMBEDDING = (400, 404, 409, 415)  # a body read and checked, a model found and leased
 
 

@@ -2,8 +2,8 @@
 
 Through granian's ASGI a request body arrives in 16 KiB messages, each an await that only the
 event loop can finish; a busy loop makes every one of them wait its turn (a 256-text request,
-about 60 KB, waited 40 ms on average for its body on the H200 host:
-bench/results/h200x2-run13/). RSGI hands over a body with a declared length in one await and
+about 60 KB, waited 40 ms on average for its body on an H200 under
+bench/load.py). RSGI hands over a body with a declared length in one await and
 takes the response in one call. The app stays ASGI, so tests and other servers run it as is;
 granian's RSGI has no lifespan, so `lifespan` drives the app's.
 """
@@ -72,6 +72,9 @@ class _Exchange:
         self._body: list[bytes] = []
 
     async def receive(self) -> Message:
+        # Cancelling a read (a body past its deadline, a stop) is safe: granian's future drops
+        # its Rust side, which stops reading the body, and hyper then closes the connection
+        # after the response, the body being unread. The edge asks for no more of it.
         try:
             if self._body_done:  # the app watches for the client leaving
                 await self._protocol.client_disconnect()

@@ -10,6 +10,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -31,6 +32,10 @@ STRAGGLERS_S = 1.0  # after the drain, for requests failed by the unload to send
 # After the stop, for the HTTP server to close its connections: one whose client neither
 # reads its response nor finishes its request would hold the exit as long as it likes.
 CLOSING_S = 2.0
+# Connections held at once at most: each costs a few kB until it sends a request, and the body
+# budget bounds what their bodies hold. SPARE_FILES are kept for the model's files, logs, pipes.
+MAX_CONNECTIONS = 65536
+SPARE_FILES = 256
 
 
 class _ConnectionsLeft(Exception):
@@ -82,9 +87,26 @@ def start_tasks_eagerly(loop: asyncio.AbstractEventLoop) -> None:
 
     Otherwise that step waits for the loop's next turn, 15 to 30 ms under load, and a request
     starts several tasks (granian's, the bridge's, the edge's). Eagerly, parsing and admission
-    took 0.4 ms a request, mean, against 8.1 and 9.3 (bench/results/h200x2-run14/, `6-`)."""
+    took 0.4 ms a request, mean, against 8.1 and 9.3 (bench/load.py, on an H200)."""
     if sys.version_info >= (3, 12):
         loop.set_task_factory(asyncio.eager_task_factory)
+
+
+def _connection_cap() -> int:
+    """The connections granian may hold at once (its `backpressure`; a connection holds its
+    place until it closes, idle or sending its body). Its default, the backlog, let 1,024
+    clients sending their bodies slowly lock every other one out. As many as the process may
+    open files for, less SPARE_FILES: past that, accepting fails at once and granian would
+    try again and again. The soft limit on open files is raised to the hard one first (for
+    MAX_CONNECTIONS at most), as Go's runtime does for every program it starts."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_CONNECTIONS + SPARE_FILES
+    if soft < wanted and (hard == resource.RLIM_INFINITY or soft < hard):
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):  # a container may forbid it
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+    return max(soft // 2, min(MAX_CONNECTIONS, soft - SPARE_FILES))
 
 
 def _port_taken(host: str, port: int) -> OSError | None:
@@ -148,6 +170,7 @@ async def _serve(settings: Settings) -> int:
             websockets=False,
             log_level=settings.log_level,  # type: ignore[arg-type]
             backlog=1024,
+            backpressure=_connection_cap(),
         )
         return await _until_stopped(server, stop, settings, edge)
 
@@ -168,7 +191,7 @@ async def _until_stopped(
         "shutting down: draining requests in flight (up to %.0f s; a second signal ends them now)",
         settings.drain_timeout_s,
     )
-    edge.state.draining = True
+    edge.state.stop_taking()  # bodies still arriving end now: only work in flight is drained
     stop.clear()
     idle = asyncio.create_task(edge.state.idle.wait())
     again = asyncio.create_task(stop.wait())
