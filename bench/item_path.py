@@ -22,12 +22,11 @@ import numpy as np
 from common import environment, load_corpus, write_json
 from throughput import minilm_directory
 
-from embedx.batching import FLOATS, Job
 from embedx.engine import _sole_job, chunk_items, write_batch
 from embedx.models.packing import pack
 from embedx.models.source import resolve
 from embedx.models.tokenizer import Encoded, TextTokenizer
-from embedx.scheduler import ConvergingQueue
+from embedx.scheduling import FLOATS, ConvergingQueue, Job
 
 DIMENSIONS = 384  # MiniLM's rows
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from common import corpus_path, environment, fast_tokenizer, read_texts, write_json
 
-from embedx.simulation import (
+from tests.support.simulation import (
     Arrival,
     FakeDevice,
     oracle_static_split,

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from embedx import heap
-from embedx.batching import FLOATS, Item, Job, RowForm
 from embedx.devices import Accelerator, Launch, token_budget
 from embedx.errors import (
     Bug,
@@ -41,7 +40,7 @@ from embedx.models.loader import EmbeddingModel, dtype_on, max_tokens, weight_by
 from embedx.models.packing import HostBatch, Staging, bucketed_rows, pack, to_device
 from embedx.models.pooling import Pooling, check_dimensions, finish
 from embedx.models.tokenizer import Encoded, TextTokenizer
-from embedx.scheduler import Claim, ConvergingQueue, DeviceSlot
+from embedx.scheduling import FLOATS, Claim, ConvergingQueue, DeviceSlot, Item, Job, RowForm
 from embedx.telemetry import LATENCY_BUCKETS_S, TOKEN_BUCKETS, Histogram
 
 if TYPE_CHECKING:

@@ -186,7 +186,7 @@ async def test_a_cancelled_requests_items_and_token_ids_leave_the_queue(
         await asyncio.gather(task, return_exceptions=True)
         await asyncio.sleep(0.3)  # the device is idle again: no claim sweeps the buckets
         assert engine.queue.pending_items == 0
-        assert not list(engine.queue._pending_items())  # nor keeps their ids for keep_alive
+        assert not list(engine.queue._pending.items())  # nor keeps their ids for keep_alive
 
 
 async def test_closing_as_a_batch_finishes_ends_the_workers(
@@ -637,8 +637,8 @@ def test_a_failed_launch_leaves_the_slot_of_a_batch_still_running_alone() -> Non
     batch's rows are still being copied into and read from."""
     from types import SimpleNamespace
 
-    from embedx.batching import FLOATS
     from embedx.engine import DeviceWorker
+    from embedx.scheduling import FLOATS
 
     slots: list[int] = []
 

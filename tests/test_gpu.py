@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from embedx.batching import FLOATS, RowForm
 from embedx.config import load_settings
 from embedx.devices import discover, open_accelerator
 from embedx.engine import EmbedOptions, Engine, EngineOptions
@@ -22,6 +21,7 @@ from embedx.models import base64_rows
 from embedx.models.catalog import ModelSpec
 from embedx.models.pooling import Pooling
 from embedx.models.source import resolve
+from embedx.scheduling import FLOATS, RowForm
 from tests.test_engine import decoded, oom, wrap
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
