@@ -7,7 +7,8 @@ tokenizer queues, every claim (its size, the queue's length then, whether texts 
 being tokenized, and the size the end game asked for), how long each launch held the event
 loop, each batch's device time, and every stall of the event loop over 2 ms. JSON out: the
 per-device summary, then the events themselves. It wraps the queue's and accelerators'
-methods on the instances, for this diagnosis only; the engine is the real one.
+methods on the instances, and the policy's tail target, for this diagnosis only; the engine
+is the real one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 
 from common import DEFAULT_CORPUS, environment, load_corpus, open_engine, write_json
 from throughput import model_directory
+
+from embedx.scheduling import DeviceView, End, QueueView, policy
 
 LAG_STEP_S = 0.001
 LAG_REPORTED_S = 0.002
@@ -43,16 +46,16 @@ class Recorder:
 
 def instrument(engine: Any, record: Recorder) -> None:
     queue = engine.queue
-    submit, claim, complete, tail = queue.submit, queue.claim, queue.complete, queue._tail_target
+    submit, claim, complete, tail = queue.submit, queue.claim, queue.complete, policy.tail_target
     asked: dict[str, int | None] = {}
 
     def traced_submit(job: Any, items: Any) -> None:
         submit(job, items)
         record.add("queued", tokens=sum(i.length for i in items), pending=queue.pending_tokens)
 
-    def traced_tail(device: Any, end: Any) -> int | None:
-        target: int | None = tail(device, end)
-        asked[device.name] = target
+    def traced_tail(view: QueueView, me: DeviceView, end: End) -> int | None:
+        target = tail(view, me, end)
+        asked[me.name] = target
         return target
 
     def traced_claim(device: Any) -> Any:
@@ -79,7 +82,7 @@ def instrument(engine: Any, record: Recorder) -> None:
         return complete(got, seconds)
 
     queue.submit, queue.claim, queue.complete = traced_submit, traced_claim, traced_complete
-    queue._tail_target = traced_tail
+    policy.tail_target = traced_tail  # the queue calls it through the module
     for worker in engine.workers:
         accelerator = worker.replica.accelerator
         launch, name = accelerator.launch, worker.slot.name
