@@ -1,6 +1,8 @@
 """The converging queue against static splits, in deterministic simulation.
 
-    python bench/simulate.py [--out DIR]
+    PYTHONPATH=. python bench/simulate.py [--out DIR]
+
+(from the repository root: the simulator is test code, in tests/support).
 
 Fake devices (a rate in tokens/s, a fixed cost per batch, a token budget) claim from the
 real ConvergingQueue on a simulated clock. For 2 to 8 devices, speed ratios from 1:1 to 1:20
