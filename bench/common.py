@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
+# The repository's root, for what benchmarks share with the tests (tests/support: the
+# queue's simulator): imported as `tests.support`, from wherever a benchmark is run.
+if str(HERE.parent) not in sys.path:
+    sys.path.append(str(HERE.parent))
 # Where a corpus named without a path is looked for: bench/README.md says what goes there.
 CORPUS_DIR = HERE / "corpora"
 # Read twice, these four give about 2.6M tokens (all-MiniLM-L6-v2 tokenizer, 512 cut),

@@ -115,7 +115,7 @@ async def static_splits(
     A split gives each engine a fixed contiguous range of the length-sorted texts: `shares`
     are shares of the tokens (`lengths` holds each text's), the first engine taking the
     longest texts."""
-    from embedx.simulation import split_by_tokens
+    from tests.support.simulation import split_by_tokens
 
     # Each engine gets its texts in the caller's order, as the other policies do: sorted ones
     # are a head start no policy gets (sorting needs every text tokenized first).

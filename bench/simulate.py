@@ -2,6 +2,8 @@
 
     python bench/simulate.py [--out DIR]
 
+(the simulator is test code, in tests/support).
+
 Fake devices (a rate in tokens/s, a fixed cost per batch, a token budget) claim from the
 real ConvergingQueue on a simulated clock. For 2 to 8 devices, speed ratios from 1:1 to 1:20
 (fastest to slowest, spaced evenly) and the token lengths of each real corpus, one job of
@@ -28,7 +30,7 @@ from typing import Any
 
 from common import corpus_path, environment, fast_tokenizer, read_texts, write_json
 
-from embedx.simulation import (
+from tests.support.simulation import (
     Arrival,
     FakeDevice,
     oracle_static_split,

@@ -186,7 +186,7 @@ async def test_a_cancelled_requests_items_and_token_ids_leave_the_queue(
         await asyncio.gather(task, return_exceptions=True)
         await asyncio.sleep(0.3)  # the device is idle again: no claim sweeps the buckets
         assert engine.queue.pending_items == 0
-        assert not list(engine.queue._pending_items())  # nor keeps their ids for keep_alive
+        assert not list(engine.queue._pending.items())  # nor keeps their ids for keep_alive
 
 
 async def test_closing_as_a_batch_finishes_ends_the_workers(

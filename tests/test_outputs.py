@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from embedx.batching import Item, Job
 from embedx.engine import base64_rows
 from embedx.engine.outputs import (
     FLOATS,
@@ -22,6 +21,7 @@ from embedx.engine.outputs import (
     write_batch,
 )
 from embedx.errors import UnsupportedDimensions
+from embedx.scheduling import Item, Job
 
 
 def spec(width: int = 3, **asked: object) -> OutputSpec:

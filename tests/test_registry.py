@@ -420,7 +420,7 @@ def test_registry_module_imports_without_torch() -> None:
     import sys
 
     code = (
-        "import sys, embedx, embedx.config, embedx.scheduler, embedx.batching, embedx.errors,"
+        "import sys, embedx, embedx.config, embedx.scheduling, embedx.errors,"
         " embedx.registry;"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from embedx import heap
-from embedx.batching import Item, Job
 from embedx.devices import open_accelerator
 from embedx.engine import outputs
 from embedx.engine.loading import Placed, checked_length, open_tokenizer, place
@@ -30,7 +29,7 @@ from embedx.errors import Bug, NoDeviceFits, ShuttingDown, SmokeTestFailed
 from embedx.models.catalog import ModelSpec
 from embedx.models.pooling import Pooling
 from embedx.models.tokenizer import Encoded, TextTokenizer
-from embedx.scheduler import ConvergingQueue
+from embedx.scheduling import ConvergingQueue, Item, Job
 from embedx.telemetry import LATENCY_BUCKETS_S, Histogram
 
 if TYPE_CHECKING:

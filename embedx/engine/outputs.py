@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from embedx.batching import Item, Job
 from embedx.engine import base64_rows
 from embedx.errors import UnsupportedDimensions
+from embedx.scheduling import Item, Job
 
 if TYPE_CHECKING:
     import torch

@@ -14,13 +14,13 @@ from embedx.devices import Launch
 from embedx.engine.outputs import RowForm, batch_form, sole_job, write_batch
 from embedx.engine.replica import Replica
 from embedx.errors import DeviceHung
-from embedx.scheduler import Claim, ConvergingQueue, DeviceSlot
+from embedx.scheduling import Claim, ConvergingQueue, DeviceSlot
 from embedx.telemetry import TOKEN_BUCKETS, Histogram
 
 if TYPE_CHECKING:
     import torch
 
-    from embedx.batching import Job
+    from embedx.scheduling import Job
 
 log = logging.getLogger("embedx.engine")
 

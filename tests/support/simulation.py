@@ -14,9 +14,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from embedx.batching import Cut, End, Item, Job, LengthBuckets
 from embedx.models.tokenizer import chunk_bounds
-from embedx.scheduler import ConvergingQueue
+from embedx.scheduling import ConvergingQueue, Cut, End, Item, Job, LengthBuckets
 
 
 @dataclass(frozen=True, slots=True)

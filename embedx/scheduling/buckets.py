@@ -1,19 +1,14 @@
-"""Work records (Job, Item) and LengthBuckets, which cut token-budget batches from either end."""
+"""Pending items by length and generation, and the token-budget batches (`Cut`) cut from them."""
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import enum
-import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
-
-NO_IDS = np.empty(0, dtype=np.int32)
+from embedx.scheduling.work import Item
 
 
 class End(enum.Enum):
@@ -21,83 +16,6 @@ class End(enum.Enum):
 
     LONG = "long"
     SHORT = "short"
-
-
-@dataclass(frozen=True, slots=True)
-class RowForm:
-    """What a request's rows are made into: L2-normalized (`unit`), then base64 of their
-    float32 bytes (`base64`). Where every request of a batch wants the same, its device does
-    it."""
-
-    unit: bool = False
-    base64: bool = False
-
-
-FLOATS = RowForm()
-
-
-class Job:
-    """One caller's request: its reply future, its progress and its clocks.
-
-    The queue owns `remaining` and `pending_tokens`; whoever embeds writes rows into `out`.
-    """
-
-    __slots__ = (
-        "cancelled",
-        "error",
-        "fed",
-        "finished_at",
-        "form",
-        "future",
-        "out",
-        "pending_items",
-        "pending_tokens",
-        "remaining",
-        "size",
-        "submitted_at",
-        "tokens",
-    )
-
-    def __init__(self, size: int, *, future: asyncio.Future[None] | None = None) -> None:
-        self.size = size
-        self.remaining = size
-        self.fed = 0  # texts queued so far: all of them once tokenization is done
-        self.tokens = 0
-        self.pending_items = 0
-        self.pending_tokens = 0
-        self.cancelled = False
-        self.error: BaseException | None = None
-        self.future = future
-        self.out: Any = None  # the caller's rows, written by whoever runs the batches
-        self.form = FLOATS  # what its rows are made into before they are written
-        self.submitted_at = time.monotonic()
-        self.finished_at: float | None = None
-
-    def finish(self, now: float) -> None:
-        self.finished_at = now
-        if self.future is not None and not self.future.done():
-            self.future.set_result(None)
-
-    def fail(self, error: BaseException, now: float) -> None:
-        self.cancelled = True
-        self.out = None  # read by no one now: not kept while its queued items wait to be swept
-        self.error = error
-        self.finished_at = now
-        if self.future is not None and not self.future.done():
-            self.future.set_exception(error)
-
-
-@dataclass(slots=True, eq=False)
-class Item:
-    """One text of a job: its place in the caller's list and its token ids."""
-
-    job: Job
-    index: int
-    length: int
-    ids: np.ndarray = field(default_factory=lambda: NO_IDS)  # (length,) int32: a chunk's view
-    generation: int = 0
-    enqueued_at: float = 0.0
-    attempts: int = 0
 
 
 @dataclass(slots=True)
@@ -204,3 +122,63 @@ class Cut:
     @property
     def area(self) -> int:
         return len(self.items) * self.longest
+
+
+@dataclass(slots=True)
+class Generations:
+    """Pending items by generation, each in its LengthBuckets. A cut serves the oldest
+    generation first and seals the open one, so newcomers form the next: a request never
+    starves behind a stream of newer ones."""
+
+    _buckets: dict[int, LengthBuckets] = field(default_factory=dict)
+    _open: int = 0  # the generation submitted items join
+
+    def add(self, items: Sequence[Item], now: float) -> int:
+        """Queue items in the open generation; returns their tokens."""
+        generation = self._open
+        buckets = self._buckets.get(generation)
+        if buckets is None:
+            buckets = self._buckets[generation] = LengthBuckets()
+        tokens = 0
+        for item in items:
+            item.generation = generation
+            item.enqueued_at = now
+            tokens += item.length
+            buckets.push(item)
+        return tokens
+
+    def put_back(self, item: Item) -> None:
+        """Queue an item again, in the generation it first joined."""
+        buckets = self._buckets.get(item.generation)
+        if buckets is None:
+            buckets = self._buckets[item.generation] = LengthBuckets()
+        buckets.push(item)
+
+    def cut(self, end: End, cut: Cut) -> None:
+        """Fill `cut` from `end`, oldest generation first."""
+        for generation in sorted(self._buckets):
+            buckets = self._buckets[generation]
+            buckets.cut(end, cut)
+            if buckets.count == 0:
+                del self._buckets[generation]
+            if generation == self._open:
+                self._open += 1  # newcomers form the next generation
+            if buckets.count:
+                break  # the cut stopped short of this generation's end: the batch is full
+
+    def first_length(self, end: End) -> int | None:
+        """Length of the first item a cut from `end` would take."""
+        for generation in sorted(self._buckets):
+            buckets = self._buckets[generation]
+            length = buckets.longest() if end is End.LONG else buckets.shortest()
+            if length is not None:
+                return length
+        return None
+
+    def items(self) -> Iterator[Item]:
+        """Every item held, in no particular order."""
+        for buckets in self._buckets.values():
+            yield from buckets.items()
+
+    def clear(self) -> None:
+        self._buckets.clear()

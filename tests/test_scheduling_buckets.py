@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from embedx.batching import Cut, End, Item, Job, LengthBuckets
+from embedx.scheduling import Cut, End, Generations, Item, Job, LengthBuckets
 
 
 def buckets_of(lengths: list[int], job: Job | None = None) -> tuple[LengthBuckets, Job]:
@@ -108,3 +108,17 @@ def test_cuts_partition_the_items_and_respect_the_budget(
         assert ordered == sorted(ordered, reverse=end is End.LONG)
         seen.extend(i.index for i in cut.items)
     assert sorted(seen) == list(range(len(lengths)))
+
+
+def test_a_cut_serves_the_oldest_generation_first_and_newcomers_join_the_next() -> None:
+    pending, job = Generations(), Job(6)
+    pending.add([Item(job, i, 50) for i in range(3)], now=0.0)
+    first = Cut(area_budget=100, token_target=100)
+    pending.cut(End.SHORT, first)  # seals the first generation
+    pending.add([Item(job, 3 + i, 5) for i in range(3)], now=1.0)  # short: the SHORT end's
+    assert pending.first_length(End.SHORT) == 50
+    rest = Cut(area_budget=1000, token_target=1000)
+    pending.cut(End.SHORT, rest)
+    assert [i.index for i in first.items] == [0, 1]
+    assert [i.index for i in rest.items] == [2, 3, 4, 5]
+    assert [i.generation for i in rest.items] == [0, 1, 1, 1]
