@@ -81,6 +81,28 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> d
     return {shape: _built(build, shape, root / shape, minilm_dir) for shape in SHAPES}
 
 
+@pytest.fixture(scope="session")
+def tiny_classifiers(
+    tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path, reference_texts: list[str]
+) -> dict[str, Path]:
+    """Tiny random cross-encoders, as transformers saves them: BERT with MiniLM's WordPiece
+    tokenizer and XLM-R with a sentencepiece (Unigram) one, each with one label (a reranker)
+    and three (a classifier): "bert-1", "bert-3", "xlm-roberta-1", "xlm-roberta-3"."""
+    from embedx.models.random_init import build_classifier, build_unigram_tokenizer
+
+    root = tmp_path_factory.mktemp("classifiers")
+    build_unigram_tokenizer(root / "unigram", reference_texts)
+    shapes = {"bert": ("bert-base", minilm_dir),
+              "xlm-roberta": ("xlm-roberta-large", root / "unigram")}  # fmt: skip
+    models = {}
+    for name, (shape, tokenizer) in shapes.items():
+        for labels in (["relevance"], ["contradiction", "entailment", "neutral"]):
+            directory = root / f"{name}-{len(labels)}"
+            build_classifier(shape, directory, tokenizer, labels, tiny=True)
+            models[f"{name}-{len(labels)}"] = directory
+    return models
+
+
 def _built(build: Callable[..., str], shape: str, directory: Path, tokenizer: Path) -> Path:
     build(shape, directory, tokenizer, tiny=True)
     return directory

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from embedx.errors import InvalidModel, NativeCodeLacks
 from embedx.models.attention import choose_attention
 from embedx.models.fused import fused_ops
+from embedx.models.pairs import split_types
 from embedx.models.weights import Checkpoint
 
 if TYPE_CHECKING:
@@ -102,7 +103,9 @@ class BertEncoder:
         weights: list[Path],
         device: torch.device,
         dtype: torch.dtype,
+        token_types: bool = False,
     ) -> None:
+        """`token_types`: batches are pairs whose ids carry their token types (`pairs`)."""
         import torch
         import torch.nn.functional as F
 
@@ -125,8 +128,11 @@ class BertEncoder:
 
         self.word = get("embeddings.word_embeddings.weight", c.vocab_size, h)
         self.position = get("embeddings.position_embeddings.weight", c.max_positions, h)
+        types = get("embeddings.token_type_embeddings.weight", c.type_vocab_size, h)
         # Single-segment input: every token has type 0, so its row is added once.
-        self.type0 = get("embeddings.token_type_embeddings.weight", c.type_vocab_size, h)[0]
+        self.type0 = types[0]
+        # Pairs: each token's own type's row, its type split from its id on the device.
+        self.types = types if token_types else None
         self.embed_norm = layer_norm("embeddings.LayerNorm")
         self.layers: list[_Layer] = []
         for i in range(c.layers):
@@ -171,7 +177,11 @@ class BertEncoder:
         positions = (
             batch.positions.long() + c.position_offset if c.position_offset else batch.positions
         )
-        x = self.word[batch.input_ids] + self.position[positions] + self.type0  # (T, H)
+        if self.types is None:
+            x = self.word[batch.input_ids] + self.position[positions] + self.type0  # (T, H)
+        else:
+            ids, types = split_types(batch.input_ids)
+            x = self.word[ids] + self.position[positions] + self.types[types]
         x = F.layer_norm(x, (c.hidden,), *self.embed_norm, c.eps)
         last = self.layers[-1]
         for layer in self.layers:

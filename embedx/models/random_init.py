@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "vocab.txt",
 )
+# A classifier's encoder and head, at 0.02 like the rest, would barely tell inputs apart.
+CLASSIFIER_UNIT_SCALE = ("bert.encoder.", "roberta.encoder.", "bert.pooler.", "classifier.")
 ST_POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
                    "last_token": "pooling_mode_lasttoken"}  # fmt: skip
 
@@ -50,12 +53,57 @@ def build(
 ) -> str:
     """Write a random `shape` model (safetensors, float32) with the tokenizer of
     `tokenizer_from` and sentence-transformers configs into `directory`; returns its pooling."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
     spec = dict(SHAPES[shape])
     pooling: str = spec.pop("pooling")
+    hidden = _save(AutoModel, spec, directory, tokenizer_from, tiny=tiny, device=device, seed=seed)
+    _write_sentence_transformers_configs(directory, hidden, pooling)
+    return pooling
+
+
+def build_classifier(
+    shape: str,
+    directory: Path,
+    tokenizer_from: Path,
+    labels: Sequence[str],
+    *,
+    tiny: bool = False,
+    device: str = "cpu",
+    seed: int = 0,
+) -> None:
+    """Write a random `shape` *ForSequenceClassification model with `labels` (id2label), as
+    transformers saves one, with the tokenizer of `tokenizer_from`, into `directory`. Its
+    layers keep the activations' scale, so that its scores follow its inputs."""
+    from transformers import AutoModelForSequenceClassification
+
+    spec = {key: value for key, value in SHAPES[shape].items() if key != "pooling"}
+    spec["id2label"] = dict(enumerate(labels))
+    spec["label2id"] = {label: i for i, label in enumerate(labels)}
+    auto = AutoModelForSequenceClassification
+    _save(auto, spec, directory, tokenizer_from, tiny=tiny, device=device, seed=seed,
+          unit_scale=CLASSIFIER_UNIT_SCALE)  # fmt: skip
+
+
+def _save(
+    auto: Any,
+    spec: dict[str, Any],
+    directory: Path,
+    tokenizer_from: Path,
+    *,
+    tiny: bool,
+    device: str,
+    seed: int,
+    unit_scale: tuple[str, ...] = (),
+) -> int:
+    """The model `auto` builds from `spec`, random, saved with its config and tokenizer; returns
+    its hidden size. Linear layers named under `unit_scale` keep their inputs' scale and get
+    random biases."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    spec = dict(spec)
     model_type = spec.pop("model_type")
     if tiny:
         spec.update(TINY, vocab_size=30522)
@@ -65,11 +113,17 @@ def build(
     spec.setdefault("vocab_size", 30522)
     config = AutoConfig.for_model(model_type, **spec)
     with torch.device("meta"):
-        skeleton = AutoModel.from_config(config)  # type: ignore[no-untyped-call]
+        skeleton = auto.from_config(config)
     generator = torch.Generator(device=device).manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for name, meta in skeleton.state_dict().items():
-        if name.endswith(("norm.weight", "LayerNorm.weight")):
+        linear = name.startswith(unit_scale) and "LayerNorm" not in name
+        if linear and name.endswith("weight"):
+            tensor = torch.randn(meta.shape, device=device, generator=generator)
+            tensor /= meta.shape[-1] ** 0.5
+        elif linear:
+            tensor = torch.randn(meta.shape, device=device, generator=generator) * 0.5
+        elif name.endswith(("norm.weight", "LayerNorm.weight")):
             tensor = torch.ones(meta.shape, device=device)
         elif name.endswith("bias") or "position_ids" in name:
             tensor = torch.zeros(meta.shape, device=device, dtype=meta.dtype)
@@ -85,8 +139,39 @@ def build(
     for name in TOKENIZER_FILES:
         if (tokenizer_from / name).is_file():
             shutil.copy(tokenizer_from / name, directory / name)
-    _write_sentence_transformers_configs(directory, config.hidden_size, pooling)
-    return pooling
+    hidden: int = config.hidden_size
+    return hidden
+
+
+def build_unigram_tokenizer(directory: Path, texts: Sequence[str], vocab_size: int = 800) -> None:
+    """Write an XLM-R style tokenizer (sentencepiece Unigram, trained on `texts`, with XLM-R's
+    special tokens, ids and pair template) into `directory`, as transformers saves one."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = Tokenizer(models.Unigram())
+    # transformers' XLMRobertaTokenizer rebuilds exactly this pre-tokenizer and no normalizer
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(prepend_scheme="always")]
+    )
+    tokenizer.decoder = decoders.Metaspace(prepend_scheme="always")
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0 to 3, as XLM-R's
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=specials, unk_token="<unk>"
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
+    tokenizer.post_processor = TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)],
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    names = dict(zip(("bos_token", "pad_token", "eos_token", "unk_token"), specials, strict=True))
+    settings = {"tokenizer_class": "XLMRobertaTokenizer", "model_max_length": 512, **names,
+                "cls_token": "<s>", "sep_token": "</s>", "mask_token": "<mask>"}  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=1))
 
 
 def _write_sentence_transformers_configs(directory: Path, hidden: int, pooling: str) -> None:

@@ -1,0 +1,179 @@
+"""What a model is for, read once from its files: embedding texts, or scoring (query, document)
+pairs with which labels and which activation (as transformers and sentence-transformers'
+CrossEncoder read them), and that activation applied to logits.
+
+A model scores pairs when its config's first architecture is a `*ForSequenceClassification`;
+any other architecture embeds. Its labels are transformers' reading of the config: `id2label`
+in id order, else `num_labels` (2 if unset) labels named LABEL_i.
+
+The activation follows sentence-transformers' CrossEncoder (6.2), which takes the first of:
+  1. a saved CrossEncoder's `activation_fn` in config_sentence_transformers.json (read where
+     sentence-transformers reads it: modules.json is there and that file's model_type is
+     CrossEncoder; sentence-transformers 6 saves this);
+  2. config.json's `sentence_transformers.activation_fn` (sentence-transformers 4 and 5);
+  3. config.json's `sbert_ce_default_activation_function` (before 4);
+  4. Sigmoid for one label, Identity for several.
+Each names a torch.nn class by its dotted path. embedx maps it to the scores it returns:
+  Sigmoid                  -> "sigmoid":  the sigmoid of each logit, as `predict()` gives;
+  Identity, one label      -> "identity": the logit itself, as `predict()` gives;
+  Identity, several labels -> "softmax":  softmax over the labels, as
+                              `predict(apply_softmax=True)` gives (`predict()` gives the logits,
+                              which embedx's raw scores are);
+  Softmax                  -> "softmax":  as `predict()` gives (nn.Softmax() takes dim 1 of the
+                              (B, labels) logits).
+Any other class is refused, and so is a path outside torch: sentence-transformers skips such a
+path (it would run code from the config under trust_remote_code) and takes the next rule, but
+embedx runs no code named by a config, and a score unlike the model's own is worse than none.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from embedx.errors import InvalidModel
+
+Kind = Literal["embed", "score"]
+Activation = Literal["sigmoid", "softmax", "identity"]
+
+# torch.nn classes by the module paths sentence-transformers saves them under (`fullname`) or
+# a user may write (torch.nn.Sigmoid)
+TORCH_ACTIVATIONS = {"Sigmoid": "sigmoid", "Identity": "identity", "Softmax": "softmax"}
+TORCH_MODULES = ("torch.nn", "torch.nn.modules.activation", "torch.nn.modules.linear")
+CROSS_ENCODER = "CrossEncoder"  # config_sentence_transformers.json's model_type for one
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTask:
+    """What a model is for. A scoring model has one label per logit, in logit order."""
+
+    kind: Kind
+    labels: tuple[str, ...] = ()
+    activation: Activation = "identity"  # from logits to the scores a request gets
+
+
+EMBEDDING = ModelTask("embed")
+
+
+def task_of(config: dict[str, Any], directory: Path) -> ModelTask:
+    """The model's task, from its config.json (`config`) and the sentence-transformers files in
+    `directory`. InvalidModel where the files contradict each other or name what embedx will
+    not run."""
+    architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise InvalidModel(f"config.json: architectures {architectures!r} is not a list of names")
+    saved = saved_cross_encoder(directory)
+    if not architectures or not architectures[0].endswith("ForSequenceClassification"):
+        declared = saved is not None or _config_activation(config) is not None
+        if declared:  # a CrossEncoder of another kind (a causal LM's yes/no logits, say)
+            architecture = architectures[0] if architectures else "none"
+            raise InvalidModel(
+                f"the model is a sentence-transformers CrossEncoder of architecture "
+                f"{architecture}: embedx scores pairs only with *ForSequenceClassification models"
+            )
+        return EMBEDDING
+    labels = _labels(config)
+    path = saved.get("activation_fn") if saved is not None else None
+    if path is None:
+        path = _config_activation(config)
+    if path is None:
+        activation: Activation = "sigmoid" if len(labels) == 1 else "softmax"
+    else:
+        activation = _activation(path)
+        if activation == "identity" and len(labels) > 1:
+            activation = "softmax"
+    return ModelTask("score", labels, activation)
+
+
+def saved_cross_encoder(directory: Path) -> dict[str, Any] | None:
+    """config_sentence_transformers.json where sentence-transformers' CrossEncoder reads it (a
+    model it saved: modules.json beside it, model_type CrossEncoder), else None. Such a model's
+    modules must be the one Transformer: anything after it would change the scores."""
+    modules_path = directory / "modules.json"
+    settings_path = directory / "config_sentence_transformers.json"
+    if not modules_path.is_file() or not settings_path.is_file():
+        return None
+    settings = read_json(settings_path)
+    if not isinstance(settings, dict) or settings.get("model_type") != CROSS_ENCODER:
+        return None
+    modules = read_json(modules_path)
+    listed = modules if isinstance(modules, list) else [modules]
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] if isinstance(m, dict) else m
+             for m in listed]  # fmt: skip
+    if kinds != ["Transformer"]:
+        raise InvalidModel(
+            f"{modules_path}: a CrossEncoder of modules {kinds}: embedx runs only a single "
+            "Transformer module, the sequence-classification model itself"
+        )
+    return settings
+
+
+def _config_activation(config: dict[str, Any]) -> str | None:
+    """The activation config.json names (sentence-transformers 4 and 5, or older), if any."""
+    st = config.get("sentence_transformers")
+    if isinstance(st, dict) and "activation_fn" in st:
+        path: str | None = st["activation_fn"]
+        return path
+    old: str | None = config.get("sbert_ce_default_activation_function")
+    return old
+
+
+def _activation(path: object) -> Activation:
+    if not isinstance(path, str):
+        raise InvalidModel(f"activation_fn {path!r} is not a class path")
+    module, _, name = path.rpartition(".")
+    if not module.startswith("torch."):
+        raise InvalidModel(
+            f"activation_fn {path!r} is not a torch class: embedx runs no code named by a "
+            "model's config"
+        )
+    if module not in TORCH_MODULES or name not in TORCH_ACTIVATIONS:
+        raise InvalidModel(
+            f"activation_fn {path!r} is not supported: embedx applies "
+            + ", ".join(f"torch.nn.{n}" for n in TORCH_ACTIVATIONS)
+        )
+    activation: Activation = TORCH_ACTIVATIONS[name]  # type: ignore[assignment]
+    return activation
+
+
+def _labels(config: dict[str, Any]) -> tuple[str, ...]:
+    """transformers' labels: id2label, in id order, else num_labels of them named LABEL_i."""
+    id2label = config.get("id2label")
+    if id2label is None:
+        count = config.get("num_labels", 2)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise InvalidModel(f"config.json: num_labels {count!r} is not a positive integer")
+        return tuple(f"LABEL_{i}" for i in range(count))
+    if not isinstance(id2label, dict) or not id2label:
+        raise InvalidModel(f"config.json: id2label {id2label!r} is not a map of labels")
+    try:
+        by_id = {int(key): str(label) for key, label in id2label.items()}
+    except ValueError:
+        raise InvalidModel(f"config.json: id2label keys {list(id2label)} are not ids") from None
+    if sorted(by_id) != list(range(len(by_id))):
+        raise InvalidModel(f"config.json: id2label ids {sorted(by_id)} are not 0 to n - 1")
+    return tuple(by_id[i] for i in range(len(by_id)))
+
+
+def activate(logits: np.ndarray, activation: Activation) -> np.ndarray:
+    """Scores from (B, labels) float32 logits, as `ModelTask.activation` says."""
+    if activation == "identity":
+        return logits
+    if activation == "sigmoid":
+        with np.errstate(over="ignore"):  # exp(-logit) of a very negative logit: inf, score 0
+            result: np.ndarray = 1.0 / (1.0 + np.exp(-logits))
+        return result
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    softmax: np.ndarray = shifted / shifted.sum(axis=1, keepdims=True)
+    return softmax
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InvalidModel(f"{path} cannot be read: {exc}", param="model") from None
