@@ -100,6 +100,17 @@ class PoolingRequired(InvalidRequest):
     code = "pooling_required"
 
 
+class WrongModelTask(InvalidRequest):
+    """A request that the model it names is not for: texts to embed sent to a model that
+    scores pairs, or the other way round. `task` is what the model does."""
+
+    code = "wrong_model_task"
+
+    def __init__(self, message: str, *, task: str, param: str | None = "model") -> None:
+        super().__init__(message, param=param)
+        self.task = task
+
+
 class PickleOnlyWeights(InvalidRequest):
     code = "unsafe_weights"
 

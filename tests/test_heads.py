@@ -12,11 +12,20 @@ import torch
 from embedx.errors import InvalidModel
 from embedx.models.heads import ScoringModel
 from embedx.models.packing import pack, to_device
-from embedx.models.pairs import encode_pairs, pair_max_length
-from embedx.models.source import resolve
-from embedx.models.task import activate
+from embedx.models.pairs import pair_max_length, reads_token_types
+from embedx.models.source import ModelFiles, resolve
+from embedx.models.task import activate, task_of
+from tests.support.pairs import encode_pairs
 
 CPU = torch.device("cpu")
+
+
+def scoring(files: ModelFiles, implementation: str = "auto") -> ScoringModel:
+    """The model's scoring replica on the CPU in float32, its task and token types read as the
+    engine reads them, once."""
+    task = task_of(files.config, files.directory)
+    types = reads_token_types(files.config, files.directory) if task.kind == "score" else False
+    return ScoringModel(files, CPU, "float32", implementation, task=task, token_types=types)
 
 
 def some_pairs(texts: list[str]) -> list[tuple[str, str]]:
@@ -58,7 +67,7 @@ def test_scores_equal_cross_encoder_and_transformers(
 
     directory = tiny_classifiers[name]
     pairs = some_pairs(reference_texts)
-    model = ScoringModel(resolve(str(directory)), CPU, "float32", implementation)
+    model = scoring(resolve(str(directory)), implementation)
     assert model.implementation == ("bert" if implementation == "native" else implementation)
     logits = embedx_logits(model, directory, pairs)
     labels = len(model.labels)
@@ -80,7 +89,7 @@ def test_a_bert_pairs_document_is_read_as_type_1(tiny_classifiers: dict[str, Pat
     """Were the types dropped, the scores would differ: the equality with CrossEncoder above
     holds because each token's type reaches the embeddings."""
     directory = tiny_classifiers["bert-1"]
-    model = ScoringModel(resolve(str(directory)), CPU, "float32", "native")
+    model = scoring(resolve(str(directory)), "native")
     assert model.reads_token_types
     pair = [("a cat", "sits on the mat")]
     as_pair = embedx_logits(model, directory, pair)
@@ -91,7 +100,7 @@ def test_a_bert_pairs_document_is_read_as_type_1(tiny_classifiers: dict[str, Pat
 
 def test_an_embedding_model_cannot_score(tiny_models: dict[str, Path]) -> None:
     with pytest.raises(InvalidModel, match="not a sequence-classification model"):
-        ScoringModel(resolve(str(tiny_models["bert-base"])), CPU, "float32")
+        scoring(resolve(str(tiny_models["bert-base"])))
 
 
 @pytest.mark.parametrize("implementation", ["native", "transformers"])
@@ -110,7 +119,7 @@ def test_a_checkpoint_without_its_head_is_refused(
     del tensors[dropped]
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(InvalidModel, match=dropped.rsplit(".", 1)[0]):
-        ScoringModel(resolve(str(directory)), CPU, "float32", implementation)
+        scoring(resolve(str(directory)), implementation)
 
 
 def test_a_head_of_the_wrong_number_of_labels_is_refused(
@@ -122,7 +131,7 @@ def test_a_head_of_the_wrong_number_of_labels_is_refused(
     config["id2label"] = {"0": "only"}
     (directory / "config.json").write_text(json.dumps(config))
     with pytest.raises(InvalidModel, match=r"classifier.weight.*expected \(1, 64\)"):
-        ScoringModel(resolve(str(directory)), CPU, "float32", "native")
+        scoring(resolve(str(directory)), "native")
 
 
 def test_native_code_without_a_head_for_the_model_type_refuses_and_auto_takes_transformers(
@@ -133,5 +142,5 @@ def test_native_code_without_a_head_for_the_model_type_refuses_and_auto_takes_tr
     monkeypatch.delitem(heads.HEADS, "xlm-roberta")
     files = resolve(str(tiny_classifiers["xlm-roberta-1"]))
     with pytest.raises(InvalidModel, match="no sequence-classification head"):
-        ScoringModel(files, CPU, "float32", "native")
-    assert ScoringModel(files, CPU, "float32", "auto").implementation == "transformers"
+        scoring(files, "native")
+    assert scoring(files, "auto").implementation == "transformers"

@@ -31,7 +31,7 @@ from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype
 from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, token_rows
 from embedx.models.pooling import Pooling, pool
 from embedx.models.source import check_exists, resolve
-from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, TextTokenizer
+from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, Input, TextTokenizer
 from tests.conftest import RemoteCodeModel
 
 CPU = torch.device("cpu")
@@ -450,7 +450,7 @@ async def test_a_request_keeps_two_chunks_queued_while_it_handles_one(minilm_dir
     queued: list[int] = []  # each chunk's first text, as it is queued
     start = tokenizer._start
 
-    def recorded(texts: Sequence[str], *, truncate: bool, offset: int) -> asyncio.Future[Any]:
+    def recorded(texts: Sequence[Input], *, truncate: bool, offset: int) -> asyncio.Future[Any]:
         queued.append(offset)
         return start(texts, truncate=truncate, offset=offset)
 

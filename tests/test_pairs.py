@@ -10,13 +10,8 @@ import pytest
 import torch
 
 from embedx.errors import InvalidModel
-from embedx.models.pairs import (
-    TYPE_SHIFT,
-    encode_pairs,
-    pair_max_length,
-    reads_token_types,
-    split_types,
-)
+from embedx.models.pairs import TYPE_SHIFT, pair_max_length, reads_token_types, split_types
+from tests.support.pairs import encode_pairs
 
 
 def tokenizer_of(directory: Path) -> Any:

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from embedx.errors import InputTooLong
 from embedx.models.source import ModelFiles, resolve
-from embedx.models.tokenizer import CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN, TextTokenizer
+from embedx.models.tokenizer import TextTokenizer
+from embedx.models.windows import CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN
 from tests.conftest import MINILM_NAME
 from tests.test_server import running_server
 
@@ -124,9 +125,9 @@ def adversarial(cut: int, bound: int) -> dict[str, str]:
 def encode_alone(tokenizer: TextTokenizer, text: str) -> tuple[list[int], int, bool]:
     """One text's ids, whether it counted as truncated, and whether it was read only to the
     bound."""
-    at_bound = tokenizer.cut_at_bound
+    at_bound = tokenizer.windows.cut_at_bound
     encoded = tokenizer.encode_now([text])
-    return encoded.views()[0].tolist(), encoded.truncated, tokenizer.cut_at_bound > at_bound
+    return encoded.views()[0].tolist(), encoded.truncated, tokenizer.windows.cut_at_bound > at_bound
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -135,9 +136,9 @@ def test_an_over_long_text_gets_the_tokens_of_tokenizing_it_whole_whatever_its_s
     families: dict[str, Path], reference_texts: list[str], family: str, length: int
 ) -> None:
     tokenizer = TextTokenizer(ModelFiles(families[family], (), {}), length)
-    assert tokenizer.cut_at == CHARS_PER_TOKEN * length
-    assert tokenizer.read_at_most == MAX_CHARS_PER_TOKEN * length
-    texts = adversarial(tokenizer.cut_at, tokenizer.read_at_most)
+    assert tokenizer.windows.cut_at == CHARS_PER_TOKEN * length
+    assert tokenizer.windows.read_at_most == MAX_CHARS_PER_TOKEN * length
+    texts = adversarial(tokenizer.windows.cut_at, tokenizer.windows.read_at_most)
     reference = whole(families[family], length)
     for name, text in texts.items():
         expected = reference.encode(text)
@@ -158,7 +159,7 @@ def test_an_over_long_text_gets_the_tokens_of_tokenizing_it_whole_whatever_its_s
         ]
 
     assert asyncio.run(served()) == expected_ids
-    assert tokenizer.cut >= 3 * len(texts)
+    assert tokenizer.windows.cut >= 3 * len(texts)
 
 
 RUNS = (
@@ -188,7 +189,7 @@ def test_any_text_gets_the_tokens_of_tokenizing_it_whole_or_of_reading_it_to_the
     tokenizer, reference = tokenizers_at_8[family]
     text = "".join(run * count for run, count in runs)
     ids, truncated, at_bound = encode_alone(tokenizer, text)
-    read = text[: tokenizer.read_at_most] if at_bound else text
+    read = text[: tokenizer.windows.read_at_most] if at_bound else text
     expected = reference.encode(read)
     assert ids == expected.ids
     assert truncated == (bool(expected.overflowing) or at_bound)
@@ -220,12 +221,12 @@ def test_no_text_costs_the_tokenizer_more_characters_than_its_bound(
     tokenizer = TextTokenizer(ModelFiles(families[family], (), {}), 256)
     chars: list[int] = []
     tokenizer._tokenizer = Counted(tokenizer._tokenizer, chars)  # type: ignore[assignment]
-    tokenizer._windows = Counted(tokenizer._windows, chars)  # type: ignore[assignment]
+    tokenizer.windows._windows = Counted(tokenizer.windows._windows, chars)  # type: ignore[assignment]
     bound = (16 + 32 + 64) * 256  # its windows at most, as CHARS_PER_TOKEN documents
     rng = random.Random(0)
     five_mb = "".join(rng.choice(CJK) for _ in range(5_000_000 // 3))
     texts = {
-        **adversarial(tokenizer.cut_at, tokenizer.read_at_most),
+        **adversarial(tokenizer.windows.cut_at, tokenizer.windows.read_at_most),
         "5 MB of CJK": five_mb,
         "5 MB of spaces": " " * 5_000_000,
         "a 5 MB word": "x" * 5_000_000,
@@ -238,7 +239,7 @@ def test_no_text_costs_the_tokenizer_more_characters_than_its_bound(
         spent[name] = sum(chars)
     assert max(spent.values()) <= bound, spent
     if family == FAMILIES[0]:  # BERT makes each CJK character a word: one window settles it
-        assert spent["5 MB of CJK"] == tokenizer.cut_at
+        assert spent["5 MB of CJK"] == tokenizer.windows.cut_at
 
 
 def test_a_text_read_only_to_the_bound_counts_as_truncated_and_is_refused_without_it(
@@ -247,10 +248,10 @@ def test_a_text_read_only_to_the_bound_counts_as_truncated_and_is_refused_withou
     directory = families["MiniLM's WordPiece"]
     tokenizer = TextTokenizer(ModelFiles(directory, (), {}), 16)
     # a word, then more spaces than the bound: the next word is past what any text may cost
-    text = "first" + " " * tokenizer.read_at_most + "second"
+    text = "first" + " " * tokenizer.windows.read_at_most + "second"
     encoded = tokenizer.encode_now(["short", text])
     assert encoded.truncated == 1
-    assert tokenizer.cut_at_bound == 1
+    assert tokenizer.windows.cut_at_bound == 1
     first = whole(directory, 16).encode("first").ids
     assert encoded.views()[1].tolist() == first
     with pytest.raises(InputTooLong, match=f"input 1 is longer than {16 * 64} characters"):

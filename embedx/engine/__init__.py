@@ -1,6 +1,21 @@
 """One model on every device it fits: loaded, fed by its converging queue, its rows finished."""
 
 from embedx.engine.engine import Engine, EngineState, open_engine
-from embedx.engine.options import EmbedOptions, EmbedResult, EngineOptions
+from embedx.engine.options import (
+    EmbedOptions,
+    EmbedResult,
+    EngineOptions,
+    ScoreOptions,
+    ScoreResult,
+)
 
-__all__ = ["EmbedOptions", "EmbedResult", "Engine", "EngineOptions", "EngineState", "open_engine"]
+__all__ = [
+    "EmbedOptions",
+    "EmbedResult",
+    "Engine",
+    "EngineOptions",
+    "EngineState",
+    "ScoreOptions",
+    "ScoreResult",
+    "open_engine",
+]

@@ -17,22 +17,40 @@ import numpy as np
 from embedx import heap
 from embedx.devices import open_accelerator
 from embedx.engine import outputs
-from embedx.engine.loading import Placed, checked_length, open_tokenizer, place
-from embedx.engine.options import EmbedOptions, EmbedResult, EngineOptions
-from embedx.engine.outputs import RequestRows
+from embedx.engine.loading import Placed, checked_length, open_tokenizer, place, unbuildable
+from embedx.engine.options import (
+    EmbedOptions,
+    EmbedResult,
+    EngineOptions,
+    ScoreOptions,
+    ScoreResult,
+)
+from embedx.engine.outputs import OutputSpec, RequestRows
 from embedx.engine.probe import ProbePlan
-from embedx.engine.replica import Replica
+from embedx.engine.replica import Replica, ReplicaModel
 from embedx.engine.report import EngineReport, report_of
-from embedx.engine.texts import Prompts, checked_texts
+from embedx.engine.texts import Prompts, checked_pairs, checked_texts
 from embedx.engine.worker import DeviceWorker
-from embedx.errors import Bug, NoDeviceFits, ShuttingDown, SmokeTestFailed
+from embedx.errors import (
+    NoDeviceFits,
+    PoolingRequired,
+    ShuttingDown,
+    SmokeTestFailed,
+    WrongModelTask,
+)
 from embedx.models.catalog import ModelSpec
+from embedx.models.heads import ScoringModel
+from embedx.models.loader import EmbeddingModel
+from embedx.models.pairs import reads_token_types
 from embedx.models.pooling import Pooling
-from embedx.models.tokenizer import Encoded, TextTokenizer
+from embedx.models.task import ModelTask, task_of
+from embedx.models.tokenizer import Encoded, Input, TextTokenizer
 from embedx.scheduling import ConvergingQueue, Item, Job
 from embedx.telemetry import LATENCY_BUCKETS_S, Histogram
 
 if TYPE_CHECKING:
+    import torch
+
     from embedx.devices import Accelerator, DeviceInfo
     from embedx.models.source import ModelFiles
 
@@ -50,6 +68,24 @@ class EngineState(enum.Enum):
     CLOSED = "closed"
 
 
+def _task(spec: ModelSpec, files: ModelFiles) -> tuple[ModelTask, bool]:
+    """What the model is for, from its files, and whether its pairs carry token types: an
+    embedding model must have its pooling stated (it is never guessed)."""
+    try:
+        task = task_of(files.config, files.directory)
+        token_types = task.kind == "score" and reads_token_types(files.config, files.directory)
+    except Exception as exc:
+        raise unbuildable(spec.name, exc) from exc
+    if task.kind == "embed" and spec.pooling is None:
+        raise PoolingRequired(
+            f"model {spec.name!r} embeds texts and its pooling is unknown: state it (cls, mean "
+            "or last_token) with its first request, or in its catalog entry. embedx never "
+            "guesses pooling",
+            param="pooling",
+        )
+    return task, token_types
+
+
 def chunk_items(job: Job, start: int, encoded: Encoded) -> list[Item]:
     """A tokenized chunk's texts as the job's items; `start` is its first text's index."""
     views = zip(encoded.lengths, encoded.views(), strict=True)
@@ -64,13 +100,15 @@ class Engine:
         spec: ModelSpec,
         files: ModelFiles,
         tokenizer: TextTokenizer,
-        pooling: Pooling,
+        task: ModelTask,
+        pooling: Pooling | None,
         options: EngineOptions,
     ) -> None:
         self.spec = spec
         self.files = files
         self.tokenizer = tokenizer
-        self.pooling = pooling
+        self.task = task
+        self.pooling = pooling  # an embedding model's; a scorer reads its first token
         self.options = options
         self.prompts = Prompts.of(spec, files, options.wrapping)
         self.state = EngineState.LOADING
@@ -103,19 +141,29 @@ class Engine:
         options: EngineOptions,
     ) -> Engine:
         """Load the model on every device it fits, probe each, start the workers, smoke test.
+        What the model is for (embedding texts, or scoring pairs) is read from its files.
 
         Nothing stays resident if any step fails."""
-        if spec.pooling is None:
-            raise Bug("a model reached the engine without a pooling")
+        task, token_types = _task(spec, files)
+        pooling = spec.pooling if task.kind == "embed" else None
         prompted = bool(spec.prompts or files.st_prompts or options.wrapping)
-        length = checked_length(spec, spec.pooling, files, prompted)
-        tokenizer = await open_tokenizer(spec, files, length)
-        engine = cls(spec, files, tokenizer, spec.pooling, options)
+        length = checked_length(spec, task, pooling, files, prompted)
+        tokenizer = await open_tokenizer(
+            spec, files, length, pairs=task.kind == "score", token_types=token_types
+        )
+        engine = cls(spec, files, tokenizer, task, pooling, options)
         engine.accelerators = list(accelerators)  # closed with it
+
+        def build(device: torch.device, dtype: str) -> ReplicaModel:
+            if pooling is None:
+                return ScoringModel(files, device, dtype, spec.implementation,
+                                    task=task, token_types=token_types)  # fmt: skip
+            return EmbeddingModel(files, pooling, device, dtype, spec.implementation)
+
         try:
             for accelerator in accelerators:
                 plan = engine._plan_for(accelerator)
-                placed = await place(spec, files, spec.pooling, accelerator, plan)
+                placed = await place(spec, files, build, accelerator, plan)
                 if isinstance(placed, str):
                     engine.skipped[accelerator.info.label] = placed
                 else:
@@ -188,14 +236,17 @@ class Engine:
 
     async def _smoke_test(self) -> None:
         try:
-            result = await self.embed([SMOKE_TEXT], EmbedOptions(normalize=False))
+            if self.task.kind == "score":
+                vectors = (await self.score([(SMOKE_TEXT, SMOKE_TEXT)])).scores
+            else:
+                vectors = (await self.embed([SMOKE_TEXT], EmbedOptions(normalize=False))).vectors
         except Exception as exc:
             raise SmokeTestFailed(f"model {self.spec.name!r} failed its smoke test: {exc}") from exc
         finally:  # no one's request: the counts of requests and their latency start after
             # it (the devices' counts of batches and tokens include its one batch)
             self.requests = 0
             self.latency = Histogram(LATENCY_BUCKETS_S)
-        vector = result.vectors[0]
+        vector = vectors[0]
         if not np.isfinite(vector).all() or not np.any(vector):
             raise SmokeTestFailed(
                 f"model {self.spec.name!r} failed its smoke test: its vector is not finite or zero"
@@ -214,6 +265,7 @@ class Engine:
         """Embed `texts`; rows come back in their order. Cancelling drops the pending work."""
         options = options or EmbedOptions()
         self._check_ready()
+        self._check_task("embed")
         texts = checked_texts(texts)
         spec = outputs.settle(
             width=self.dimensions,
@@ -225,14 +277,41 @@ class Engine:
             sink=options.sink,
         )
         texts = self.prompts.wrap(texts, options.input_type)
+        return await self._run(texts, spec, options.truncate)
+
+    async def score(
+        self, pairs: Sequence[tuple[str, str]], options: ScoreOptions | None = None
+    ) -> ScoreResult:
+        """Score (query, document) `pairs`; rows of scores, one per label, come back in
+        their order. Cancelling drops the pending work."""
+        options = options or ScoreOptions()
+        self._check_ready()
+        self._check_task("score")
+        pairs = checked_pairs(pairs)
+        spec = outputs.scores(self.dimensions, "identity" if options.raw else self.task.activation)
+        result = await self._run(pairs, spec, options.truncate)
+        return ScoreResult(
+            result.vectors, result.tokens, result.truncated, result.tokenize_s, result.total_s
+        )
+
+    def _check_task(self, asked: str) -> None:
+        if self.task.kind != asked:
+            does = "scores (query, document) pairs" if self.task.kind == "score" else "embeds texts"
+            wanted = "scoring pairs" if asked == "score" else "embedding texts"
+            raise WrongModelTask(
+                f"model {self.spec.name!r} {does}; it is not for {wanted}", task=self.task.kind
+            )
+
+    async def _run(self, inputs: Sequence[Input], spec: OutputSpec, truncate: bool) -> EmbedResult:
+        """The rows of `inputs` (texts, or pairs), finished as `spec` says."""
         started = time.monotonic()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        job = Job(len(texts), future=done)
-        rows = job.out = RequestRows(spec, len(texts))
+        job = Job(len(inputs), future=done)
+        rows = job.out = RequestRows(spec, len(inputs))
         self._jobs_in_flight += 1
         self._idle.clear()
         try:
-            truncated = await self._tokenize_into(job, texts, options.truncate)
+            truncated = await self._tokenize_into(job, inputs, truncate)
             submitted = time.monotonic()
             await done
         except BaseException:
@@ -251,7 +330,7 @@ class Engine:
         self.latency.observe(now - started)
         return EmbedResult(vectors, job.tokens, truncated, submitted - started, now - started)
 
-    async def _tokenize_into(self, job: Job, texts: Sequence[str], truncate: bool) -> int:
+    async def _tokenize_into(self, job: Job, texts: Sequence[Input], truncate: bool) -> int:
         """Tokenize chunk by chunk, submitting each as soon as it is ready: devices start on
         the first chunk while the rest is still being tokenized. Returns how many texts were
         truncated."""

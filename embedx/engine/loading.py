@@ -5,18 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 from embedx.devices import Accelerator
 from embedx.engine import base64_rows
 from embedx.engine.probe import Probed, ProbePlan, probe
-from embedx.engine.replica import Replica
+from embedx.engine.replica import Replica, ReplicaModel
 from embedx.errors import EmbedxError, InvalidModel, InvalidOption, ModelUnavailable
 from embedx.models.catalog import ModelSpec
-from embedx.models.loader import EmbeddingModel, dtype_on, max_tokens, weight_bytes
+from embedx.models.loader import dtype_on, max_tokens, weight_bytes
+from embedx.models.pairs import pair_max_length
 from embedx.models.pooling import Pooling
 from embedx.models.source import ModelFiles
+from embedx.models.task import ModelTask
 from embedx.models.tokenizer import TextTokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("embedx.engine")
 
@@ -30,12 +38,20 @@ class Placed:
     probed: Probed
 
 
-def checked_length(spec: ModelSpec, pooling: Pooling, files: ModelFiles, prompted: bool) -> int:
-    """The tokens a text is cut to: the spec's, else its sentence-transformers config's, else
-    what the model's position table holds. Warns where the model's files state otherwise
-    than the spec (`prompted`: some template or prompt wraps its texts)."""
+def checked_length(
+    spec: ModelSpec, task: ModelTask, pooling: Pooling | None, files: ModelFiles, prompted: bool
+) -> int:
+    """The tokens a text (or a pair) is cut to: the spec's, else what sentence-transformers
+    cuts it to (its config's max_seq_length; a CrossEncoder's length), else what the model's
+    position table holds. Warns where the model's files state otherwise than the spec
+    (`prompted`: some template or prompt wraps its texts)."""
     try:
         limit = max_tokens(files, spec.implementation)
+        stated = (
+            pair_max_length(files.config, files.directory)
+            if task.kind == "score"
+            else files.st_max_seq_len
+        )
     except Exception as exc:
         raise unbuildable(spec.name, exc) from exc
     if spec.max_seq_len is not None and spec.max_seq_len > limit:
@@ -44,6 +60,8 @@ def checked_length(spec: ModelSpec, pooling: Pooling, files: ModelFiles, prompte
             f"its position table holds {limit} tokens",
             param="max_seq_len",
         )
+    if pooling is None:  # a scorer: its head reads the first token, as it was trained to
+        return min(spec.max_seq_len or stated or limit, limit)
     if files.st_pooling not in (None, pooling.value):  # stated, so never guessed
         log.warning(
             "model %r pools with %s as asked, but its sentence-transformers Pooling module "
@@ -59,12 +77,16 @@ def checked_length(spec: ModelSpec, pooling: Pooling, files: ModelFiles, prompte
             "its vectors of prompted texts differ a little from sentence-transformers'",
             spec.name,
         )
-    return min(spec.max_seq_len or files.st_max_seq_len or limit, limit)
+    return min(spec.max_seq_len or stated or limit, limit)
 
 
-async def open_tokenizer(spec: ModelSpec, files: ModelFiles, length: int) -> TextTokenizer:
+async def open_tokenizer(
+    spec: ModelSpec, files: ModelFiles, length: int, *, pairs: bool, token_types: bool
+) -> TextTokenizer:
     try:
-        return await asyncio.to_thread(TextTokenizer, files, length)
+        return await asyncio.to_thread(
+            partial(TextTokenizer, files, length, pairs=pairs, token_types=token_types)
+        )
     except Exception as exc:  # a tokenizer.json the tokenizers package cannot read
         raise unbuildable(spec.name, exc) from exc
 
@@ -72,11 +94,12 @@ async def open_tokenizer(spec: ModelSpec, files: ModelFiles, length: int) -> Tex
 async def place(
     spec: ModelSpec,
     files: ModelFiles,
-    pooling: Pooling,
+    build: Callable[[torch.device, str], ReplicaModel],
     accelerator: Accelerator,
     plan: ProbePlan,
 ) -> Placed | str:
-    """The model built and probed on `accelerator`, or why it does not fit there."""
+    """The model built (`build(device, dtype)`) and probed on `accelerator`, or why it does
+    not fit there."""
     info = accelerator.info
     dtype = dtype_on(spec.dtype, info)
     try:
@@ -88,11 +111,9 @@ async def place(
         return f"needs {needed >> 20} MiB, {free >> 20} MiB free"
     # Out of memory skips the device; its cache is emptied only once the error is gone:
     # inside `except`, the traceback still holds the frames with the weights and batches.
-    model: EmbeddingModel | None = None
+    model: ReplicaModel | None = None
     try:
-        model = await asyncio.to_thread(
-            EmbeddingModel, files, pooling, accelerator.device, dtype, spec.implementation
-        )
+        model = await asyncio.to_thread(build, accelerator.device, dtype)
     except Exception as exc:
         if not accelerator.is_out_of_memory(exc):
             raise unbuildable(spec.name, exc) from exc

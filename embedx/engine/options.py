@@ -1,5 +1,5 @@
 """The engine's records: what it takes from the settings, what a request asks of its texts'
-embedding, and what it gets back."""
+embedding or its pairs' scores, and what it gets back."""
 
 from __future__ import annotations
 
@@ -36,6 +36,23 @@ class EmbedResult:
     truncated: int
     tokenize_s: float  # tokenizing and submitting (devices start on the first chunk meanwhile)
     total_s: float  # from the call to the vectors
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreOptions:
+    """What a request asks of its pairs' scores, beyond the pairs."""
+
+    truncate: bool = True  # False: an over-long pair is an error, not cut
+    raw: bool = False  # the logits, not the model's activation of them
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreResult:
+    scores: np.ndarray  # (N, labels) float32 in the caller's order
+    tokens: int
+    truncated: int
+    tokenize_s: float
+    total_s: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
-"""What a request's rows become: its output settled once (width, L2, base64, where the rows go),
-the finishing a device does to a batch, and the rest done on the host as rows are written."""
+"""What a request's rows become: its output settled once (width, L2, base64, a scorer's
+activation, where the rows go), the finishing a device does to a batch, and the rest done on the
+host as rows are written."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from embedx.engine import base64_rows
 from embedx.errors import UnsupportedDimensions
+from embedx.models.task import Activation, activate
 from embedx.scheduling import Item, Job
 
 if TYPE_CHECKING:
@@ -44,6 +46,8 @@ class OutputSpec:
     model_normalizes: bool  # the model ends in a Normalize module
     base64: bool
     sink: RowSink | None = None  # where base64 rows go; None: a new array
+    # a scorer's logits to scores (models/task.py), over all of a request's rows at once
+    activation: Activation = "identity"
 
     @property
     def cut(self) -> bool:
@@ -78,6 +82,11 @@ def settle(
         base64=base64,
         sink=sink,
     )
+
+
+def scores(labels: int, activation: Activation) -> OutputSpec:
+    """A scorer's output: a logit per label, activated (`identity` for raw scores)."""
+    return OutputSpec(labels, labels, False, False, False, activation=activation)
 
 
 def check_dimensions(dimensions: int | None, full: int) -> None:
@@ -121,8 +130,10 @@ class RequestRows:
 
     def finished(self) -> np.ndarray:
         """The request's rows once all are written: cut to its width, then normalized and
-        encoded, where that could not be done batch by batch."""
+        encoded, where that could not be done batch by batch; a scorer's, activated."""
         spec = self.spec
+        if spec.activation != "identity":
+            return activate(self.array, spec.activation)
         if not spec.cut:
             return self.array
         vectors = self.array

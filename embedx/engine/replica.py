@@ -4,23 +4,37 @@ there."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from embedx.devices import Accelerator
 from embedx.engine.outputs import FLOATS, RowForm, finish_on_device
-from embedx.models.loader import EmbeddingModel
 from embedx.models.packing import HostBatch, Staging, pack, to_device
 
 if TYPE_CHECKING:
     import torch
 
+    from embedx.models.packing import PackedBatch
+
+
+class ReplicaModel(Protocol):
+    """A model's weights on one device: an embedding model (models/loader.py) or a scorer
+    (models/heads.py)."""
+
+    dimensions: int  # a row's width: the embedding's, or the scorer's labels
+    implementation: str  # whose code runs it: embedx's own for an architecture, or transformers
+    one_row_per_text: bool  # the last layer runs for one token a text
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        """(B, dimensions) float32 rows of a packed batch."""
+        ...
+
 
 class Replica:
     """A model on one device, with pinned staging memory for each batch it keeps in flight."""
 
-    def __init__(self, accelerator: Accelerator, model: EmbeddingModel) -> None:
+    def __init__(self, accelerator: Accelerator, model: ReplicaModel) -> None:
         self.accelerator = accelerator
         self.model = model
         cuda = accelerator.device.type == "cuda"

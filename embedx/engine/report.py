@@ -87,7 +87,9 @@ class EngineReport:
 
     model: str
     state: str
-    pooling: str
+    task: str  # embed, or score: (query, document) pairs
+    labels: tuple[str, ...]  # a scorer's, in the order of its rows
+    pooling: str | None  # an embedding model's
     implementation: str | None
     dimensions: int
     max_seq_len: int
@@ -109,6 +111,8 @@ class EngineReport:
         return {
             "model": self.model,
             "state": self.state,
+            "task": self.task,
+            **({"labels": list(self.labels)} if self.task == "score" else {}),
             "pooling": self.pooling,
             "implementation": self.implementation,
             "dimensions": self.dimensions,
@@ -130,7 +134,9 @@ def report_of(engine: Engine) -> EngineReport:
     return EngineReport(
         model=engine.spec.name,
         state=engine.state.value,
-        pooling=engine.pooling.value,
+        task=engine.task.kind,
+        labels=engine.task.labels,
+        pooling=engine.pooling.value if engine.pooling is not None else None,
         implementation=engine.replicas[0].model.implementation if engine.replicas else None,
         dimensions=engine.dimensions,
         max_seq_len=tokenizer.max_seq_len,
@@ -151,10 +157,10 @@ def report_of(engine: Engine) -> EngineReport:
             collect_s=tokenizer.collect_s,
             idle_s=tokenizer.idle_seconds(),
             free_s=tokenizer.free_s,
-            cut_at_chars=tokenizer.cut_at,
-            read_at_most_chars=tokenizer.read_at_most,
-            cut=tokenizer.cut,
-            cut_at_bound=tokenizer.cut_at_bound,
+            cut_at_chars=tokenizer.windows.cut_at,
+            read_at_most_chars=tokenizer.windows.read_at_most,
+            cut=tokenizer.windows.cut,
+            cut_at_bound=tokenizer.windows.cut_at_bound,
         ),
         devices=[_device_report(engine, worker) for worker in engine.workers],
         skipped_devices=dict(engine.skipped),

@@ -1,4 +1,4 @@
-"""A request's texts checked, and wrapped in the prompt its input type names."""
+"""A request's texts (or pairs) checked, and texts wrapped in the prompt its input type names."""
 
 from __future__ import annotations
 
@@ -81,3 +81,22 @@ def checked_texts(texts: Sequence[str]) -> Sequence[str]:
             if not text:
                 raise InvalidInput(f"input {i} is an empty string", param="input")
     return texts if isinstance(texts, list | tuple) else list(texts)
+
+
+def checked_pairs(pairs: object) -> list[tuple[str, str]]:
+    """`pairs`, each a (query, document) of two strings (either may be empty), as a list."""
+    if isinstance(pairs, str | bytes) or not isinstance(pairs, Sequence):
+        raise InvalidInput(
+            f"pairs must be a list of (query, document) pairs, not {type(pairs).__name__}",
+            param="input",
+        )
+    if not pairs:
+        raise EmptyInput("pairs is empty: send at least one (query, document) pair", param="input")
+    for i, pair in enumerate(pairs):
+        if (
+            not isinstance(pair, tuple | list)
+            or len(pair) != 2
+            or not all(isinstance(side, str) for side in pair)
+        ):
+            raise InvalidInput(f"pair {i} is not a (query, document) of two strings", param="input")
+    return [(query, document) for query, document in pairs]

@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING, Protocol
 from embedx.errors import InvalidModel
 from embedx.models import bert
 from embedx.models.loader import chosen_config, torch_dtype
-from embedx.models.pairs import reads_token_types
 from embedx.models.pooling import bucketed
-from embedx.models.task import task_of
+from embedx.models.task import ModelTask
 from embedx.models.weights import Checkpoint
 
 if TYPE_CHECKING:
@@ -96,7 +95,10 @@ class NativeScorer:
 
 class ScoringModel:
     """One replica of a model that scores (query, document) pairs: `forward` gives the logits;
-    `task.activation` turns them into scores (the engine applies it)."""
+    `task.activation` turns them into scores (the engine applies it). `token_types`: whether
+    its pairs carry token types (`pairs.reads_token_types`, read once per model)."""
+
+    one_row_per_text = True  # the first token's row of each pair is all the head reads
 
     def __init__(
         self,
@@ -104,18 +106,22 @@ class ScoringModel:
         device: torch.device,
         dtype: str,
         implementation: str = "auto",
+        *,
+        task: ModelTask,
+        token_types: bool,
     ) -> None:
         self.device = device
         self.dtype = dtype
-        self.task = task_of(files.config, files.directory)
-        if self.task.kind != "score":
+        self.task = task
+        if task.kind != "score":
             raise InvalidModel(
                 f"{files.origin or files.directory} is not a sequence-classification model "
                 f"(architectures {files.config.get('architectures')}): it cannot score pairs",
                 param="model",
             )
         # Fixed at load: the single-text path of the same encoder never splits types.
-        self.reads_token_types = reads_token_types(files.config, files.directory)
+        self.reads_token_types = token_types
+        self.dimensions = len(task.labels)  # a row of logits per pair
         target = torch_dtype(dtype)
         native = _native_config(files, implementation)
         self.scorer: Scorer

@@ -16,7 +16,6 @@ them on the device (`split_types`); one that does not gets bare ids. Token ids m
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,7 @@ from embedx.models.task import read_json, saved_cross_encoder
 
 if TYPE_CHECKING:
     import torch
-    from tokenizers import Tokenizer
+    from tokenizers import Encoding, Tokenizer
 
 TYPE_SHIFT = 24
 ID_MASK = (1 << TYPE_SHIFT) - 1
@@ -42,32 +41,15 @@ ST_MODULE_CONFIGS = ("sentence_bert_config.json", "sentence_roberta_config.json"
                      "sentence_xlnet_config.json")  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedPairs:
-    """Pairs as token ids in order, after truncation: pair i is
-    `ids[offsets[i] : offsets[i] + lengths[i]]`, each id | type << TYPE_SHIFT."""
-
-    ids: np.ndarray  # (total,) int32, every pair's ids end to end
-    offsets: list[int]
-    lengths: list[int]
-    truncated: list[int]  # the pairs cut to max_len, by index
-
-    def views(self) -> list[np.ndarray]:
-        """Each pair's ids as a view into the one array."""
-        ids = self.ids
-        return [ids[o : o + n] for o, n in zip(self.offsets, self.lengths, strict=True)]
-
-
-def encode_pairs(
+def pair_encodings(
     tokenizer: Tokenizer,
     pairs: Sequence[tuple[str, str]],
     max_len: int,
     *,
-    types: bool,
     cut: Callable[[str], str] | None = None,
-) -> EncodedPairs:
-    """Tokenize pairs as CrossEncoder does, to at most `max_len` tokens each; with `types`, each
-    id carries its token's type (`reads_token_types`).
+) -> tuple[list[Encoding], list[int]]:
+    """Pairs tokenized as CrossEncoder tokenizes them, to at most `max_len` tokens each; and
+    which of them were truncated.
 
     Each side is encoded alone, then shortened so that the tokenizer's own pair truncation
     (`Tokenizer.post_process`) sees the same as it would with the whole sides (`_kept`), and
@@ -107,19 +89,20 @@ def encode_pairs(
         if was_cut or n_query + n_document > budget:
             truncated.append(i)
         encodings.append(tokenizer.post_process(query, document, add_special_tokens=True))
-    lengths = list(map(len, encodings))
-    total = sum(lengths)
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int32, total)
-    if types:
-        kinds = np.fromiter(chain.from_iterable(e.type_ids for e in encodings), np.int32, total)
-        if total and (int(ids.max()) > ID_MASK or int(kinds.max()) >= TYPE_LIMIT):
-            raise InvalidModel(
-                f"token ids up to {int(ids.max())} and types up to {int(kinds.max())} do not "
-                f"fit one int32 (ids below 2**{TYPE_SHIFT}, types below {TYPE_LIMIT})"
-            )
-        ids |= kinds << TYPE_SHIFT
-    offsets = [0, *np.cumsum(lengths[:-1], dtype=np.int64).tolist()] if lengths else []
-    return EncodedPairs(ids, offsets, lengths, truncated)
+    return encodings, truncated
+
+
+def typed_ids(ids: np.ndarray, encodings: Sequence[Encoding]) -> np.ndarray:
+    """`ids` (the encodings' ids end to end) with each token's type in its high bits."""
+    total = len(ids)
+    kinds = np.fromiter(chain.from_iterable(e.type_ids for e in encodings), np.int32, total)
+    if total and (int(ids.max()) > ID_MASK or int(kinds.max()) >= TYPE_LIMIT):
+        raise InvalidModel(
+            f"token ids up to {int(ids.max())} and types up to {int(kinds.max())} do not "
+            f"fit one int32 (ids below 2**{TYPE_SHIFT}, types below {TYPE_LIMIT})"
+        )
+    ids |= kinds << TYPE_SHIFT
+    return ids
 
 
 def _order(

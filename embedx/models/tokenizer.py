@@ -1,8 +1,8 @@
-"""Texts to token ids with the model's fast tokenizer: truncation (counted), texts far longer
-than the model reads tokenized from a window of their start, and batch encoding off the event
-loop on a thread of its own, one call at a time, shared (up to CALL_TEXTS texts) by the
-requests that queue texts while it runs; a second thread takes the ids out of each call while
-the next runs, so the loop gets arrays."""
+"""Texts, or (query, document) pairs, to token ids with the model's fast tokenizer: truncation
+(counted), texts far longer than the model reads tokenized from a window of their start
+(windows.py), and batch encoding off the event loop on a thread of its own, one call at a time,
+shared (up to CALL_TEXTS inputs) by the requests that queue inputs while it runs; a second
+thread takes the ids out of each call while the next runs, so the loop gets arrays."""
 
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from embedx.errors import InputTooLong, InvalidInput, InvalidModel, ShuttingDown
+from embedx.models.pairs import pair_encodings, typed_ids
+from embedx.models.windows import Windows
 
 log = logging.getLogger("embedx.tokenizer")
 
@@ -46,18 +48,6 @@ CHUNKS_AHEAD = 2
 # a request's call took 194 ms to encode, median, and the tokenizer waited for texts 41% of
 # the time; bench/load.py).
 CALL_TEXTS = 2048
-# A text longer than this many characters per token the model reads is not tokenized whole:
-# the tokenizer's time and memory follow the text's length, not what is kept of it (30 MB of
-# CJK held MiniLM's tokenizer for 24 s, and the server's memory grew by 4 GB). A window of its
-# first characters is tokenized instead, whatever its script (no space is needed), and wider
-# ones, each twice the last, while they do not settle its kept tokens (`_windowed`).
-CHARS_PER_TOKEN = 16
-# The widest window, in characters per token the model reads: no text costs the tokenizer
-# more than its windows, max_seq_len * (16 + 32 + 64) characters. A text whose kept tokens
-# even this one does not settle (its first max_seq_len tokens span more characters: words
-# of a hundred characters each, or thousands of spaces) is read that far only, and counted as
-# truncated.
-MAX_CHARS_PER_TOKEN = 64
 # Where a model without tokenizer.json keeps its vocabulary (transformers converts these).
 SLOW_TOKENIZER_FILES = ("vocab.txt", "vocab.json", "*.model")
 
@@ -78,23 +68,29 @@ class Encoded:
         return [ids[o : o + n] for o, n in zip(self.offsets, self.lengths, strict=True)]
 
 
-class TextTokenizer:
-    """The model's fast tokenizer, set to add special tokens and truncate to `max_seq_len`."""
+Input = str | tuple[str, str]  # a text, or a (query, document) pair
 
-    def __init__(self, files: ModelFiles, max_seq_len: int) -> None:
+
+class TextTokenizer:
+    """The model's fast tokenizer, set to add special tokens and truncate to `max_seq_len`:
+    texts, or with `pairs` (query, document) pairs, each token's type in its id's high bits
+    where `token_types` (pairs.py)."""
+
+    def __init__(
+        self,
+        files: ModelFiles,
+        max_seq_len: int,
+        *,
+        pairs: bool = False,
+        token_types: bool = False,
+    ) -> None:
         self.max_seq_len = max_seq_len
+        self.pairs = pairs
+        self.token_types = token_types
         self._tokenizer = _load(files)
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_seq_len)
-        # The windows of over-long texts, whole, with their words; truncated after.
-        self._windows = _load(files)
-        self._windows.no_padding()
-        self._windows.no_truncation()
-        self.cut_at = max_seq_len * CHARS_PER_TOKEN
-        self.read_at_most = max_seq_len * MAX_CHARS_PER_TOKEN
-        # WordPiece makes a word of more than max_input_chars_per_word characters one [UNK]:
-        # the start of a word tells nothing of it (`_windowed`).
-        self._whole_words = _tokenizes_whole_words(self._windows)
+        self.windows = Windows(_load(files), self._tokenizer, max_seq_len)
         # One thread makes the calls, back to back: the next starts as the last returns,
         # with whatever texts were queued meanwhile, not when the busy event loop gets to
         # the last one's result (on an H200 the server's loop thread spent about 10%
@@ -108,8 +104,6 @@ class TextTokenizer:
         # For /info: when tokenizing limits a server, its busy share nears 1.
         self.calls = 0
         self.texts = 0
-        self.cut = 0  # texts longer than `cut_at`, tokenized from a window
-        self.cut_at_bound = 0  # of them, those read only up to `read_at_most` characters
         self.busy_s = 0.0
         self.collect_s = 0.0  # the collecting thread's, taking ids out (it too can limit)
         # The tokenizer's thread between calls: waiting for texts, and freeing the last
@@ -120,7 +114,7 @@ class TextTokenizer:
         self.free_s = 0.0
 
     async def encode_chunks(
-        self, texts: Sequence[str], *, truncate: bool = True
+        self, texts: Sequence[Input], *, truncate: bool = True
     ) -> AsyncGenerator[tuple[int, Encoded]]:
         """Encode in chunks without blocking the event loop, yielding (first index, chunk) in
         order; the next chunks encode on the tokenizer's threads while the caller handles
@@ -149,7 +143,7 @@ class TextTokenizer:
         return self.idle_s + (time.monotonic() - since if since is not None else 0.0)
 
     def _start(
-        self, texts: Sequence[str], *, truncate: bool, offset: int
+        self, texts: Sequence[Input], *, truncate: bool, offset: int
     ) -> asyncio.Future[Encoded]:
         """Queue texts for the tokenizer's thread: they go in its next call, together with
         whatever else arrives until it starts. `offset`: the first text's index in its
@@ -267,19 +261,25 @@ class TextTokenizer:
             _hand(waiter, result)
             start = stop
 
-    def _encode(self, texts: list[str]) -> tuple[list[Encoding], list[int]]:
-        """The texts' encodings, truncated, and which of them were read only up to
-        `read_at_most` characters (see `_windowed`)."""
+    def _encode(self, inputs: list[Input]) -> tuple[list[Encoding], list[int]]:
+        """The inputs' encodings, truncated, and which of them were truncated before the
+        tokenizer's own truncation could tell: texts read only up to `read_at_most`
+        characters (windows.py), pairs cut to fit."""
         started = time.monotonic()
         try:  # the tokenizer releases the GIL while it encodes
-            cut = self.cut_at
-            long = [i for i, text in enumerate(texts) if len(text) > cut]
+            if self.pairs:
+                pairs = cast("list[tuple[str, str]]", inputs)
+                cut = self.windows.prefix
+                return pair_encodings(self._tokenizer, pairs, self.max_seq_len, cut=cut)
+            texts = cast("list[str]", inputs)
+            limit = self.windows.cut_at
+            long = [i for i, text in enumerate(texts) if len(text) > limit]
             if not long:
                 return self._tokenizer.encode_batch_fast(texts), []
             encodings = self._tokenizer.encode_batch_fast(
-                [text if len(text) <= cut else "" for text in texts]
+                [text if len(text) <= limit else "" for text in texts]
             )
-            windowed, at_bound = self._windowed([texts[i] for i in long])
+            windowed, at_bound = self.windows.windowed([texts[i] for i in long])
             for i, encoding in zip(long, windowed, strict=True):
                 encodings[i] = encoding
             return encodings, [long[k] for k in at_bound]
@@ -287,56 +287,7 @@ class TextTokenizer:
             with self._queued:
                 self.busy_s += time.monotonic() - started
                 self.calls += 1
-                self.texts += len(texts)
-
-    def _windowed(self, texts: list[str]) -> tuple[list[Encoding], list[int]]:
-        """Texts longer than `cut_at`, truncated, each from a window of its first characters
-        rather than whole; and which of them were read only up to `read_at_most` characters.
-
-        A window settles its text's kept tokens where
-        - they lie before its last two words: they are the whole text's (`_stable_tokens`);
-        - or it overflows the model with the same kept tokens as the window half its width:
-          the text is one word, or starts with one, wider than that (CJK under a Metaspace
-          tokenizer, a base64 blob), which words cannot settle, and twice the text did not
-          change them (BPE and Unigram split a word by what is near; not WordPiece, whose
-          [UNK] for a long word turns on its whole length);
-        - or it is the whole text.
-        Each round of windows is one call, on every core, for the texts still open; those
-        that the widest leaves open get what it keeps: reading on would cost more than the
-        model reads, whatever the text holds."""
-        keep = self.max_seq_len
-        self.cut += len(texts)
-        settled: dict[int, Encoding] = {}
-        last: dict[int, Encoding] = {}  # each open text's widest window so far
-        open_ = list(range(len(texts)))
-        width = self.cut_at
-        while open_:
-            windows = self._windows.encode_batch(
-                [texts[i][:width] for i in open_], add_special_tokens=False
-            )
-            still = []
-            for i, window in zip(open_, windows, strict=True):
-                narrower = last.get(i)
-                if len(texts[i]) <= width or _stable_tokens(window.word_ids) > keep:
-                    settled[i] = window
-                elif (
-                    narrower is not None
-                    and not self._whole_words
-                    and _same_kept(narrower, window, keep)
-                ):
-                    settled[i] = narrower
-                else:
-                    last[i] = window
-                    still.append(i)
-            open_ = still
-            if width >= self.read_at_most:
-                break
-            width = min(2 * width, self.read_at_most)
-        for i in open_:
-            settled[i] = last[i]
-        self.cut_at_bound += len(open_)
-        post = self._tokenizer.post_process  # truncation and special tokens, as encode's
-        return [post(settled[i], None, True) for i in range(len(texts))], open_
+                self.texts += len(inputs)
 
     def close(self) -> None:
         """Stop the tokenizer's threads once the call in progress, if any, is handed out."""
@@ -344,9 +295,9 @@ class TextTokenizer:
             self._closed = True
             self._queued.notify()
 
-    def encode_now(self, texts: Sequence[str], *, truncate: bool = True) -> Encoded:
+    def encode_now(self, inputs: Sequence[Input], *, truncate: bool = True) -> Encoded:
         """Blocking encode, for tests and bench/ (the engine encodes on its threads)."""
-        encodings, unread = self._encode(list(texts))
+        encodings, unread = self._encode(list(inputs))
         return self._gather(encodings, truncate, 0, unread)
 
     def _gather(
@@ -362,6 +313,8 @@ class TextTokenizer:
         lengths = list(map(len, encodings))
         total = sum(lengths)
         ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int32, total)
+        if self.token_types:
+            ids = typed_ids(ids, encodings)
         # Only a text cut to the full length can have been cut: ask just those (asking every
         # encoding builds a Python list for each).
         full = self.max_seq_len
@@ -371,8 +324,8 @@ class TextTokenizer:
         if truncated and not truncate:
             i = truncated[0]
             longer = (
-                f"{self.read_at_most} characters, the most this model reads"
-                if i in unread
+                f"{self.windows.read_at_most} characters, the most this model reads"
+                if i in unread and not self.pairs
                 else f"this model's {self.max_seq_len} tokens"
             )
             raise InputTooLong(
@@ -395,14 +348,14 @@ class _Call:
 
     waiters: list[_Waiter]
     encodings: list[Encoding]
-    unread: list[int]  # texts read only up to `read_at_most` characters
+    unread: list[int]  # inputs truncated before the tokenizer's truncation (`_encode`)
 
 
 @dataclass(slots=True)
 class _Waiter:
     """A caller's texts queued for the tokenizer's thread, and the future for their chunk."""
 
-    texts: Sequence[str]
+    texts: Sequence[Input]
     truncate: bool
     offset: int
     future: asyncio.Future[Encoded]
@@ -422,40 +375,6 @@ def _settle(future: asyncio.Future[Encoded], result: Encoded | BaseException) ->
         future.set_exception(result)
     else:
         future.set_result(result)
-
-
-def _stable_tokens(word_ids: list[int | None]) -> int:
-    """How many of a window's first tokens are those of the whole text it starts: the tokens
-    before its last two words.
-
-    The pre-tokenizer splits text into words by what is near (a regex's lookahead reaches
-    one character past a word; normalizers change characters by their neighbours), and the
-    model turns each word into tokens alone: BERT's WordPiece, byte-level BPE, Metaspace
-    with Unigram. So only the words that touch the window's end can differ from the whole
-    text's: the last one, and the one whose lookahead reaches into it."""
-    last: set[int] = set()
-    for i in range(len(word_ids) - 1, -1, -1):
-        word = word_ids[i]
-        if word is not None and word not in last:
-            if len(last) == 2:
-                return i + 1
-            last.add(word)
-    return 0
-
-
-def _tokenizes_whole_words(tokenizer: Tokenizer) -> bool:
-    """Whether the model reads a word whole before splitting it: WordPiece, whose word of
-    more than max_input_chars_per_word characters is one [UNK]."""
-    from tokenizers.models import WordPiece
-
-    return isinstance(tokenizer.model, WordPiece)
-
-
-def _same_kept(narrow: Encoding, wide: Encoding, keep: int) -> bool:
-    """Whether two windows of a text both overflow `keep` tokens, with the same first ones."""
-    return (
-        len(narrow) > keep and len(wide) > keep and narrow.ids[: keep + 1] == wide.ids[: keep + 1]
-    )
 
 
 def chunk_bounds(count: int) -> list[tuple[int, int]]:

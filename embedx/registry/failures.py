@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from embedx.errors import Bug, EmbedxError, InvalidOption, NoDeviceFits, ShuttingDown
+from embedx.errors import (
+    Bug,
+    EmbedxError,
+    InvalidOption,
+    NoDeviceFits,
+    PoolingRequired,
+    ShuttingDown,
+)
 from embedx.models.catalog import ModelSpec
 from embedx.models.source import HUB_PREFIX, PACKAGE_PREFIX, ModelFiles, local_directory
 
@@ -27,9 +34,10 @@ class FailedLoad:
 
 
 def remembered(error: BaseException) -> bool:
-    """Whether a load's error is the model's own: not a request's options, not memory that
-    others' models held (freed as they finish or idle out), not embedx's own bug."""
-    forgotten = ShuttingDown | InvalidOption | NoDeviceFits | Bug
+    """Whether a load's error is the model's own: not a request's options (a length past the
+    model's, a pooling it did not state), not memory that others' models held (freed as they
+    finish or idle out), not embedx's own bug."""
+    forgotten = ShuttingDown | InvalidOption | PoolingRequired | NoDeviceFits | Bug
     return isinstance(error, EmbedxError) and not isinstance(error, forgotten)
 
 

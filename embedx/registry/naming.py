@@ -25,12 +25,14 @@ from embedx.models.source import (
 @dataclass(frozen=True, slots=True)
 class LoadRequest:
     """What a request may say about a model's first load; ignored once it is resident,
-    except a pooling that differs, which is a conflict."""
+    except a pooling that differs, which is a conflict. `task`: what the request wants of it
+    (embed texts, or score pairs: a scorer needs no pooling)."""
 
     pooling: str | None = None
     dtype: str | None = None
     max_seq_len: int | None = None
     keep_alive_s: float | None = None
+    task: str = "embed"
 
 
 class Names:
@@ -128,27 +130,21 @@ def local_name(directory: Path) -> str:
 
 
 def check_preload(settings: Settings, catalog: Mapping[str, ModelSpec]) -> None:
-    """EMBEDX_PRELOAD names catalog entries that state their pooling: no request comes with
-    a preload to state it."""
+    """EMBEDX_PRELOAD names catalog entries: no request comes with a preload to say what it
+    is. (An embedding model among them without a pooling fails to load, and so the start.)"""
     missing = [name for name in settings.preload if name not in catalog]
     if missing:
         raise ConfigError(f"EMBEDX_PRELOAD names models not in the catalog: {missing}")
-    unpooled = [name for name in settings.preload if catalog[name].pooling is None]
-    if unpooled:
-        raise ConfigError(
-            f"EMBEDX_PRELOAD names models without a pooling in the catalog: {unpooled}; "
-            "add one to their entries in EMBEDX_MODELS_FILE"
-        )
 
 
 def check_default_model(settings: Settings, catalog: Mapping[str, ModelSpec]) -> None:
     """EMBEDX_DEFAULT_MODEL serves TEI's clients, which name no model and can state no
-    pooling: it must be a catalog entry that states one."""
+    pooling: it must be a catalog entry (with a pooling, where it embeds)."""
     name = settings.default_model
-    if name is not None and (name not in catalog or catalog[name].pooling is None):
+    if name is not None and name not in catalog:
         raise ConfigError(
-            f"EMBEDX_DEFAULT_MODEL {name!r} must be a catalog model with a pooling (in "
-            "EMBEDX_MODELS_FILE): the requests it serves name no model and state no pooling"
+            f"EMBEDX_DEFAULT_MODEL {name!r} must be a catalog model (in EMBEDX_MODELS_FILE): "
+            "the requests it serves name no model and state no pooling"
         )
 
 

@@ -84,13 +84,14 @@ class ModelRegistry:
             spec = self.names.spec_for(asked, request)
             if directory is not None:
                 spec = spec.with_overrides(name=name, source=str(directory))
-            if spec.pooling is None or len(self._models) >= self.settings.max_loaded_models:
+            unpooled = spec.pooling is None and request.task == "embed"
+            if unpooled or len(self._models) >= self.settings.max_loaded_models:
                 # A name that leads nowhere (a typo, an OpenAI model's) is a 404: not a request
                 # to state how a model that does not exist pools, nor a reason to evict one
                 # that does. (Below the cap nothing is evicted: its load finds out, and the
                 # first requests are not held up by a lookup.)
                 found = await asyncio.to_thread(self.names.look_up, asked, spec)
-                if spec.pooling is None:
+                if unpooled:
                     hint = self.names.did_you_mean(asked)
                     unchecked = (
                         ""
