@@ -1,6 +1,6 @@
 """embedx: text embeddings on every GPU of a host (and its CPU), one converging queue feeding them.
 
-`import embedx` does not import torch; the Embedder loads it when a model loads.
+`import embedx` does not import torch; an Embedder or Reranker loads it when its model loads.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
 from embedx.errors import EmbedxError  # every error embedx raises; no torch behind it
 
 __version__ = "0.1.0"
-__all__ = ["Embedder", "EmbedxError", "__version__"]
+__all__ = ["Embedder", "EmbedxError", "Reranker", "__version__"]
 
 if TYPE_CHECKING:
     from embedx.embedder import Embedder
+    from embedx.reranker import Reranker
 
 
 def __getattr__(name: str) -> Any:
@@ -28,4 +29,8 @@ def __getattr__(name: str) -> Any:
         from embedx.embedder import Embedder
 
         return Embedder
+    if name == "Reranker":
+        from embedx.reranker import Reranker
+
+        return Reranker
     raise AttributeError(f"module 'embedx' has no attribute {name!r}")
