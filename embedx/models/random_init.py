@@ -105,12 +105,13 @@ def _save(
 
     spec = dict(spec)
     model_type = spec.pop("model_type")
+    # The borrowed tokenizer's ids must fit the table; larger real tables are kept for size.
+    pieces = _vocab_size(tokenizer_from)
     if tiny:
-        spec.update(TINY, vocab_size=30522)
+        spec.update(TINY, vocab_size=pieces)
         if model_type == "qwen3":
             spec.update(num_key_value_heads=2, head_dim=16, max_position_embeddings=2048)
-    # The borrowed (MiniLM) tokenizer emits ids below 30522; larger tables are kept for size.
-    spec.setdefault("vocab_size", 30522)
+    spec["vocab_size"] = max(spec.get("vocab_size", pieces), pieces)
     config = AutoConfig.for_model(model_type, **spec)
     with torch.device("meta"):
         skeleton = auto.from_config(config)
@@ -141,6 +142,17 @@ def _save(
             shutil.copy(tokenizer_from / name, directory / name)
     hidden: int = config.hidden_size
     return hidden
+
+
+def _vocab_size(tokenizer_from: Path) -> int:
+    """The ids a tokenizer emits: those of its tokenizer.json, else (BERT's vocab.txt) 30522."""
+    path = tokenizer_from / "tokenizer.json"
+    if not path.is_file():
+        return 30522
+    from tokenizers import Tokenizer
+
+    vocab: int = Tokenizer.from_file(str(path)).get_vocab_size()
+    return vocab
 
 
 def build_unigram_tokenizer(directory: Path, texts: Sequence[str], vocab_size: int = 800) -> None:
