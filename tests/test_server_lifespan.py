@@ -38,7 +38,7 @@ async def test_a_model_that_fails_to_preload_fails_the_startup_with_its_error(
     tmp_path: Path,
 ) -> None:
     app = create_app(load_settings(failing_preload(tmp_path), environ={}))
-    with pytest.raises(StartupFailed, match="did not load: model .a. is not a directory"):
+    with pytest.raises(StartupFailed, match="did not load: model 'a' is not a directory"):
         async with app.lifespan():
             raise AssertionError("entered a lifespan whose startup failed")
 

@@ -17,6 +17,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
+from embedx import heap
 from embedx.config import Settings
 from embedx.server import logs
 from embedx.server.app import create_app
@@ -47,6 +48,7 @@ def serve(settings: Settings) -> int:
     import uvloop
 
     logs.configure(settings.log_level)
+    heap.manage()  # the process is the server's: loading a model may tune its collector
     if not _loopback(settings.host) and not settings.api_key:
         log.warning(
             "binding %s with no API key: anyone who can reach this port can use the server "
