@@ -1,6 +1,6 @@
 """The app inside the guard: each request to its route's handler, over BlackSheep's router,
-requests and responses; a path no route takes is a 404, a method its route lacks a 405. Errors
-go out as they are raised: the guard answers them."""
+requests and responses, a path no route takes a 404 and a method its route lacks a 405, every
+error raised on for the guard to answer."""
 
 from __future__ import annotations
 

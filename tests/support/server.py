@@ -4,7 +4,6 @@ what only a real one has (signals, sockets, granian); and what both kinds of tes
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -12,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,21 +73,6 @@ def sdk(app: Guard, key: str = "unused") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         base_url=BASE_URL + "/v1", api_key=key, max_retries=0, http_client=http
     )
-
-
-async def until(
-    condition: Callable[[], bool | Awaitable[bool]], what: str, within_s: float = 60
-) -> None:
-    """Wait until `condition` holds (`within_s` at most: a generous deadline, not a timing)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        held = condition()
-        if not isinstance(held, bool):
-            held = await held
-        if held:
-            return
-        assert time.monotonic() < deadline, f"{what}: not within {within_s} s"
-        await asyncio.sleep(0.01)
 
 
 # -- in a process of its own ---------------------------------------------------------------------
