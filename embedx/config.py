@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import ipaddress
-import math
 import os
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -13,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedx import config_values as values
 from embedx.errors import ConfigError
 
 ENV_PREFIX = "EMBEDX_"
-LOG_LEVELS = ("debug", "info", "warning", "error")
 # Requests name their model; a server-wide model or pooling would hide that.
 REFUSED_ENV = {
     "EMBEDX_MODEL_ID": "requests name their model: send `model` in each request, "
@@ -26,178 +24,12 @@ REFUSED_ENV = {
 }
 
 
-def _bool(raw: object) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    text = str(raw).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
-
-
-def _int(minimum: int) -> Callable[[object], int]:
-    def parse(raw: object) -> int:
-        if isinstance(raw, bool):
-            raise ValueError("expected an integer")
-        try:
-            value = int(str(raw).strip()) if not isinstance(raw, int) else raw
-        except ValueError:  # not int()'s "invalid literal for int() with base 10"
-            raise ValueError("expected an integer") from None
-        if value < minimum:
-            raise ValueError(f"must be at least {minimum}")
-        return value
-
-    return parse
-
-
-def _optional(parse: Callable[[object], Any]) -> Callable[[object], Any]:
-    def wrapped(raw: object) -> Any:
-        if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none")):
-            return None
-        return parse(raw)
-
-    return wrapped
-
-
-def _seconds(raw: object) -> float:
-    if isinstance(raw, bool):  # an int to Python: `true` in a TOML file is no duration
-        raise ValueError("expected a number of seconds")
-    try:
-        value = float(str(raw).strip()) if not isinstance(raw, int | float) else float(raw)
-    except ValueError:  # not float()'s "could not convert string to float"
-        raise ValueError("expected a number of seconds") from None
-    if not 0 <= value < math.inf:  # nan too: it compares false with everything
-        raise ValueError("must be a finite number of seconds, 0 or more")
-    return value
-
-
-def _positive_seconds(raw: object) -> float:
-    value = _seconds(raw)
-    if value == 0:
-        raise ValueError("must be more than 0 seconds")
-    return value
-
-
-def _text(raw: object) -> str:
-    return str(raw)
-
-
-PLACEHOLDER_KEY = "change-me"  # .env.example's: a key anyone who read it knows
-
-
-def _api_key(raw: object) -> str | None:
-    """Unset when empty. Not `_optional`: there "none" means unset, and a key of "none" must
-    not turn the check off unseen."""
-    if raw is None:
-        return None
-    # stripped, as clients' headers are: a key read from a file with its newline still works
-    key = str(raw).strip()
-    if not key:
-        return None
-    if key == PLACEHOLDER_KEY:
-        raise ValueError(".env.example's placeholder; set a key of your own")
-    if key.lower() in ("none", "null", "false"):
-        raise ValueError("that reads as no key; for none leave it empty or unset")
-    return key
-
-
-def _log_level(raw: object) -> str:
-    value = str(raw).strip().lower()
-    if value not in LOG_LEVELS:
-        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
-    return value
-
-
 def _did_you_mean(key: str, names: Iterable[str], prefix: str = "") -> str:
     """A near setting name, found whatever the case (a TOML file's MAX_BATCH_TOKENS) and
     with or without the environment's EMBEDX_ prefix."""
     wanted = key.lower().removeprefix(ENV_PREFIX.lower())
     close = difflib.get_close_matches(wanted, list(names), n=1)
     return f" Did you mean {prefix}{close[0].upper() if prefix else close[0]}?" if close else ""
-
-
-def _host(raw: object) -> str:
-    value = str(raw).strip()
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:  # granian binds addresses only: `localhost` failed at start-up
-        raise ValueError("an IP address to bind: 127.0.0.1, 0.0.0.0, ::1 or ::") from None
-    return value
-
-
-def _port(raw: object) -> int:
-    value = _int(0)(raw)
-    if value > 65535:
-        raise ValueError("must be at most 65535")
-    return value
-
-
-def _device_key(token: str) -> str:
-    token = token.strip().lower()
-    if token == "cpu" or token.isdigit():
-        return token
-    raise ValueError(f"device {token!r} is neither a GPU index nor 'cpu'")
-
-
-def _devices(raw: object) -> tuple[str, ...] | None:
-    if isinstance(raw, list | tuple):
-        tokens = [str(t) for t in raw]
-    else:
-        text = str(raw).strip().lower()
-        if text in ("", "auto"):
-            return None
-        tokens = text.split(",")
-    keys = tuple(_device_key(t) for t in tokens if t.strip())
-    if not keys:
-        raise ValueError("names no device")
-    if len(set(keys)) != len(keys):
-        raise ValueError("names a device twice")
-    return keys
-
-
-def _device_map(value_parse: Callable[[str], Any]) -> Callable[[object], dict[str, Any]]:
-    def parse(raw: object) -> dict[str, Any]:
-        if isinstance(raw, Mapping):
-            pairs = [(str(k), str(v)) for k, v in raw.items()]
-        else:
-            text = str(raw).strip()
-            pairs = []
-            for part in filter(None, (p.strip() for p in text.split(","))):
-                key, sep, value = part.partition("=")
-                if not sep:
-                    raise ValueError(f"{part!r} is not DEVICE=VALUE")
-                pairs.append((key, value))
-        parsed = {_device_key(k): value_parse(v.strip()) for k, v in pairs}
-        if len(parsed) != len(pairs):
-            raise ValueError("names a device twice")
-        return parsed
-
-    return parse
-
-
-def _positive_float(raw: str) -> float:
-    value = float(raw)
-    if not 0 < value < math.inf:  # nan too
-        raise ValueError("must be a positive number")
-    return value
-
-
-def _names(raw: object) -> tuple[str, ...]:
-    items = raw if isinstance(raw, list | tuple) else str(raw).split(",")
-    return tuple(str(item).strip() for item in items if str(item).strip())
-
-
-def _wrapping(raw: object) -> str:
-    template = str(raw)
-    if template.count("{text}") != 1:
-        raise ValueError("must contain {text} exactly once")
-    return template
-
-
-def _path(raw: object) -> Path:
-    return Path(str(raw)).expanduser()
 
 
 def _setting(default: Any, parse: Callable[[object], Any], help: str, shown: str = "") -> Any:
@@ -211,38 +43,40 @@ def _setting(default: Any, parse: Callable[[object], Any], help: str, shown: str
 class Settings:
     """Every operator setting. The README's configuration table is rendered from these fields."""
 
-    host: str = _setting("127.0.0.1", _host, "IP address to bind. Beyond loopback, set an API key.")
-    port: int = _setting(8477, _port, "TCP port.")
+    host: str = _setting(
+        "127.0.0.1", values.host, "IP address to bind. Beyond loopback, set an API key."
+    )
+    port: int = _setting(8477, values.port, "TCP port.")
     api_key: str | None = _setting(
-        None, _api_key, "Bearer token required on every route but /health.", "unset"
+        None, values.api_key, "Bearer token required on every route but /health.", "unset"
     )
     cors_allow_origins: tuple[str, ...] = _setting(
         (),
-        _names,
+        values.names,
         "Browser origins that may call the API (CORS), comma separated, e.g. "
         "`https://app.example.com`, or `*` for any; unset: none.",
         "unset",
     )
-    log_level: str = _setting("info", _log_level, "One of debug, info, warning, error.")
+    log_level: str = _setting("info", values.log_level, "One of debug, info, warning, error.")
     devices: tuple[str, ...] | None = _setting(
         None,
-        _devices,
+        values.devices,
         "Devices to serve on: GPU indices and `cpu`, e.g. `0,1,cpu`. "
         "`auto`: every GPU, or the CPU when there is none.",
         "auto",
     )
     max_batch_tokens: int = _setting(
-        16384, _int(1), "Cap on a batch's padded tokens (items x longest) on any device."
+        16384, values.integer(1), "Cap on a batch's padded tokens (items x longest) on any device."
     )
     max_batch_items: int | None = _setting(
         None,
-        _optional(_int(1)),
+        values.optional(values.integer(1)),
         "Cap on the number of texts in one batch (never above 32768).",
         "unset",
     )
     device_weights: dict[str, float] = _setting(
         {},
-        _device_map(_positive_float),
+        values.device_map(values.positive_float),
         "Static speed scores that order devices before any is measured (`embedx info`, the "
         "order models load in), e.g. `0=1,cpu=0.02`. Never a load ratio: each model ranks "
         "its devices by the speed its load measured.",
@@ -250,63 +84,73 @@ class Settings:
     )
     device_batch_tokens: dict[str, int] = _setting(
         {},
-        _device_map(_int(1)),
+        values.device_map(values.integer(1)),
         "Per-device token budget that overrides the memory-derived one, e.g. `cpu=2048`; "
         "at most EMBEDX_MAX_BATCH_TOKENS.",
         "unset",
     )
     preload: tuple[str, ...] = _setting(
         (),
-        _names,
+        values.names,
         "Catalog models to load at start-up, comma separated, and keep loaded (unless their "
         "entry sets keep_alive_s); the rest load on first use.",
         "unset",
     )
     default_model: str | None = _setting(
         None,
-        _optional(_text),
+        values.optional(values.string),
         "Catalog model (with a pooling) for /embed requests that name none, as TEI's clients "
         "send them.",
         "the first of EMBEDX_PRELOAD",
     )
     models_file: Path | None = _setting(
-        None, _optional(_path), "TOML catalog of named models (source, pooling, prompts).", "unset"
+        None,
+        values.optional(values.path),
+        "TOML catalog of named models (source, pooling, prompts).",
+        "unset",
     )
     catalog_only: bool = _setting(
-        False, _bool, "Serve only catalog models; any other name is a 404."
+        False, values.boolean, "Serve only catalog models; any other name is a 404."
     )
     allow_local_paths: bool = _setting(
         False,
-        _bool,
+        values.boolean,
         "Let requests name a local model directory by its path (else only catalog names and "
         "Hugging Face repo ids). Any client can then read any model directory the server can, "
         "and learn which paths exist.",
     )
     show_model_sources: bool = _setting(
         False,
-        _bool,
+        values.boolean,
         "Show where each model's files lie (its directory) and EMBEDX_MODELS_FILE's path in "
         "/info; off, clients see model names only.",
     )
     revision: str | None = _setting(
-        None, _optional(_text), "Default Hugging Face revision for hub models.", "unset"
+        None,
+        values.optional(values.string),
+        "Default Hugging Face revision for hub models.",
+        "unset",
     )
-    normalize: bool = _setting(True, _bool, "L2-normalize embeddings unless a request says not.")
+    normalize: bool = _setting(
+        True, values.boolean, "L2-normalize embeddings unless a request says not."
+    )
     wrapping: str | None = _setting(
         None,
-        _optional(_wrapping),
+        values.optional(values.wrapping),
         "Template applied to every input, with `{text}` exactly once, e.g. `query: {text}`; "
         "the model's prompt for the input's type replaces it.",
         "unset",
     )
-    max_request_items: int = _setting(2048, _int(1), "Most inputs in one request.")
-    max_request_bytes: int = _setting(32_000_000, _int(1), "Largest request body, in bytes.")
+    max_request_items: int = _setting(2048, values.integer(1), "Most inputs in one request.")
+    max_request_bytes: int = _setting(
+        32_000_000, values.integer(1), "Largest request body, in bytes."
+    )
     # A MiniLM request of 256 texts is about 60 kB: 5 s is generous for it, and 5 s a MB
     # (1.6 Mbit/s) lets a slow link send a large body. Waiting no longer than that, a client
     # that trickles its body holds a connection, and its share of the bytes below, for a bound.
     body_timeout_s: float = _setting(
         5.0,
-        _positive_seconds,
+        values.positive_seconds,
         "Seconds a request body may take to arrive, for each MB (10^6 bytes) of it, and at "
         "least that for any body; a slower one gets a 408 and its connection is closed.",
     )
@@ -315,7 +159,7 @@ class Settings:
     # the server from 530 MB to 917 MB, against 690 MB to 5.2 GB before (bench/abuse.py).
     max_body_bytes_in_flight: int = _setting(
         128_000_000,
-        _int(1),
+        values.integer(1),
         "Bytes of request bodies read, parsed and embedded at once, reserved before a body is "
         "read (its declared length, or EMBEDX_MAX_REQUEST_BYTES when it is chunked) until its "
         "response; the rest wait as for a slot. A body larger than this runs alone.",
@@ -324,33 +168,37 @@ class Settings:
     # 2.88M with 32; 64 to 256 ran no faster, only with longer waits (bench/load.py,
     # bench/results/load.md).
     max_concurrent_requests: int = _setting(
-        32, _int(1), "Embedding requests in flight; the rest wait."
+        32, values.integer(1), "Embedding requests in flight; the rest wait."
     )
     request_queue_timeout_s: float = _setting(
         30.0,
-        _seconds,
+        values.seconds,
         "How long a request may wait for a slot, or for its body's bytes, before a 503.",
     )
     default_keep_alive_s: float = _setting(
-        600.0, _seconds, "Idle seconds before a model unloads; 0 unloads when its last user leaves."
+        600.0,
+        values.seconds,
+        "Idle seconds before a model unloads; 0 unloads when its last user leaves.",
     )
     max_loaded_models: int = _setting(
         4,
-        _int(1),
+        values.integer(1),
         "Most models resident at once; the least recently used idle one is evicted (also "
         "when a model fits on no device beside those loaded).",
     )
-    max_concurrent_loads: int = _setting(2, _int(1), "Models loading at the same time.")
-    smoke_test_on_load: bool = _setting(True, _bool, "Embed one text after loading, before use.")
+    max_concurrent_loads: int = _setting(2, values.integer(1), "Models loading at the same time.")
+    smoke_test_on_load: bool = _setting(
+        True, values.boolean, "Embed one text after loading, before use."
+    )
     batch_timeout_s: float = _setting(
         60.0,
-        _seconds,
+        values.seconds,
         "A batch running longer than this (and 20x its expected time) marks its device hung; "
         "a load's own batches get at least 60 s.",
     )
     drain_timeout_s: float = _setting(
         30.0,
-        _seconds,
+        values.seconds,
         "On shutdown, how long in-flight requests may take to finish; "
         "those still running then get a 503.",
     )

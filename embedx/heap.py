@@ -1,6 +1,7 @@
 """What Python's cyclic garbage collector scans: nothing new over a burst of allocations,
-nothing that was alive when the last model finished loading, and young objects only once
-tens of thousands have piled up, while any model is loaded.
+and, in a process that opts in (`manage`: `embedx serve` does), nothing that was alive when
+the last model finished loading, and young objects only once tens of thousands have piled up,
+while any model is loaded.
 
 An embed over 39,646 texts makes tens of thousands of work records that live until it ends,
 so a full collection came once a call, scanning every object in the process (torch's and
@@ -22,8 +23,17 @@ from collections.abc import Iterator
 # rounds: the server 6 to 8% faster with this, the library 7 to 23%
 # (bench/load.py, against 700).
 YOUNG_OBJECTS = 50_000
+_managed = False  # whether loading a model may tune this process's collector (`manage`)
 _models = 0  # models loaded in this process (engines, each Embedder's or the server's)
 _young_before: int | None = None  # the threshold `hold` raised, for the last `release`
+
+
+def manage(enabled: bool = True) -> None:
+    """Let loading a model freeze the heap and raise the young threshold (`hold`), from now
+    on. The collector is the whole process's, so the process's owner decides: `embedx serve`
+    does this; a program embedding with the library may, before it loads a model."""
+    global _managed
+    _managed = enabled
 
 
 @contextlib.contextmanager
@@ -42,21 +52,29 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def hold() -> None:
+def hold() -> bool:
     """A model finished loading: freeze the heap, and young collections wait for
-    YOUNG_OBJECTS new objects (unless collection is off) until the last model is released."""
+    YOUNG_OBJECTS new objects (unless collection is off) until the last model is released.
+    Whether it did (in a process that opted in, `manage`): only a model that held it calls
+    `release`."""
     global _models, _young_before
+    if not _managed:
+        return False
     _models += 1
     young, *older = gc.get_threshold()
     if 0 < young < YOUNG_OBJECTS:
         _young_before = young
         gc.set_threshold(YOUNG_OBJECTS, *older)
     freeze()
+    return True
 
 
 def freeze() -> None:
     """Collect what is garbage now, then leave every object alive out of later collections
-    (`gc.freeze`): once a model is loaded, most of the process is here to stay."""
+    (`gc.freeze`): once a model is loaded, most of the process is here to stay. Only in a
+    process that opted in (`manage`)."""
+    if not _managed:
+        return
     gc.collect()
     gc.freeze()
 

@@ -1,11 +1,10 @@
 """Clients that send slowly, or send much at once: a body too slow to arrive gets a 408 and its
 connection closed, a thousand of them lock no other client out nor hold a stop, and large
 bodies arriving together wait for the byte budget rather than all being held in memory. The
-real server where it is about sockets; the budget alone in this process."""
+real server, as it is about sockets (the budget alone: test_server_admission.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import resource
 import select
@@ -19,10 +18,8 @@ import httpx
 import orjson
 import pytest
 
-from embedx.errors import QueueTimeout
-from embedx.server.admission import ByteBudget
 from tests.conftest import MINILM_NAME
-from tests.test_server import Server, client, running_server
+from tests.support.server import Server, client, running_server, until_receiving
 
 # Above 1,024: granian's default cap on the connections it holds, which such clients filled.
 SLOW_CLIENTS = 1100
@@ -96,6 +93,7 @@ def test_a_thousand_slow_bodies_lock_no_one_out_nor_hold_the_stop(tmp_path: Path
         ) as server,
         stalled_sockets(server, SLOW_CLIENTS) as stalled,
     ):
+        until_receiving(server, SLOW_CLIENTS)
         served = (
             client(server)
             .with_options(timeout=60)
@@ -163,53 +161,3 @@ def test_large_bodies_at_once_wait_for_the_byte_budget_and_all_get_vectors(
     # buffer, Python's copy, the app's): the budget's worth grew the server by 43 MB, and all
     # 48 bodies at once, as they were read before the budget, by 863 MB.
     assert grown < 8 * BUDGET, f"the server grew {grown / 1e6:.0f} MB"
-
-
-# -- the budget alone ----------------------------------------------------------------------
-
-
-@pytest.mark.anyio
-async def test_a_small_body_that_fits_passes_a_large_one_waiting_which_then_runs_alone() -> None:
-    budget = ByteBudget(100, 60.0)
-    first = await budget.reserve(60)
-    order: list[str] = []
-
-    async def reserve(name: str, size: int) -> int:
-        taken = await budget.reserve(size)
-        order.append(name)
-        return taken
-
-    large = asyncio.create_task(reserve("large", 1000))  # the whole budget, once it is free
-    await asyncio.sleep(0)
-    small = await reserve("small", 10)  # fits beside the first: not held up by the large one
-    assert order == ["small"]
-    budget.release(first)
-    assert not large.done()
-    budget.release(small)
-    assert await large == 100
-    assert budget.held == 100
-
-
-@pytest.mark.anyio
-async def test_a_wait_given_up_gives_its_place_and_its_bytes_back() -> None:
-    budget = ByteBudget(100, 60.0)
-    held = await budget.reserve(100)
-    gone = asyncio.create_task(budget.reserve(80))  # its client leaves while it waits
-    await asyncio.sleep(0)
-    behind = asyncio.create_task(budget.reserve(30))
-    await asyncio.sleep(0)
-    budget.release(held)  # grants `gone`, whose task is cancelled before it resumes
-    gone.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await gone
-    assert await behind == 30
-    assert budget.held == 30
-
-
-@pytest.mark.anyio
-async def test_a_wait_past_the_queue_timeout_is_a_503() -> None:
-    budget = ByteBudget(100, 0.0)
-    await budget.reserve(100)
-    with pytest.raises(QueueTimeout, match="EMBEDX_MAX_BODY_BYTES_IN_FLIGHT"):
-        await budget.reserve(1)
-    assert budget.timeouts == 1

@@ -20,7 +20,7 @@ from embedx.config import load_settings
 from embedx.devices import CpuAccelerator
 from embedx.models.catalog import load_catalog
 from embedx.registry import ModelRegistry
-from embedx.server import edge
+from embedx.server import body as request_body
 from embedx.server.app import create_app
 from tests.conftest import cpu_info
 from tests.test_cli import run
@@ -87,7 +87,7 @@ async def test_a_body_of_megabytes_has_the_server_give_memory_back_after_its_req
 ) -> None:
     given_back = threading.Event()
     sizes: list[int] = []
-    monkeypatch.setattr(edge, "give_back_soon", given_back.set)
+    monkeypatch.setattr(request_body, "give_back_soon", given_back.set)
     settings = load_settings({}, environ={})
     registry = ModelRegistry(settings, load_catalog(None), [cpu_info()], CpuAccelerator)
     transport = httpx.ASGITransport(app=create_app(settings, registry))

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import MINILM_NAME
-from tests.test_server import post, running_server
+from tests.support.server import post, running_server
 
 ROOT = Path(__file__).parent.parent
 

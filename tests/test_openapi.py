@@ -22,7 +22,8 @@ from embedx.models.catalog import load_catalog
 from embedx.registry import ModelRegistry
 from embedx.server.app import create_app
 from embedx.server.openapi import openapi_spec
-from embedx.server.validation import parse_openai, parse_tei
+from embedx.server.protocol.openai import parse_openai
+from embedx.server.protocol.tei import parse_tei
 from tests.conftest import MINILM_NAME, cpu_info
 
 KEY = "test-key"

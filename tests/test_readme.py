@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MINILM_NAME
-from tests.test_server import running_server
+from tests.support.server import running_server
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 # Run after the snippet that reads the body by hand: its rows are the ones the SDK makes

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from embedx import heap
 from embedx.config import load_settings
 from embedx.devices import CpuAccelerator
 from embedx.engine import Engine
@@ -200,6 +201,7 @@ async def test_keep_alive_zero_unloads_when_the_last_user_leaves_and_frees_memor
 async def test_an_idle_model_is_freed_while_another_keeps_the_heap_frozen(
     tiny_models: dict[str, Path],
 ) -> None:
+    heap.manage()  # as `embedx serve` does
     models = registry(tiny_models)
     async with models.lease("bert-base"):  # stays, for the default keep-alive
         pass
@@ -215,6 +217,7 @@ async def test_an_idle_model_is_freed_while_another_keeps_the_heap_frozen(
     assert weights() is None, "the unloaded model's weights are still referenced"
     assert gc.get_freeze_count() > 0, "the heap was left thawed after an unload"
     await models.drain(5)
+    heap.manage(False)
 
 
 async def test_an_idle_model_unloads_after_its_keep_alive(minilm_dir: Path) -> None:

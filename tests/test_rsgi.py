@@ -1,17 +1,16 @@
 """The RSGI bridge `embedx serve` puts in front of the ASGI app: a body in one message, the
-response in one call, a client leaving mid-body, and the app's lifespan. The real server over
-it is tests/test_server.py's."""
+response in one call, a client leaving mid-body. The real server over it is
+tests/test_server_http.py's."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from granian.rsgi import ProtocolClosed  # type: ignore[attr-defined]
 
-from embedx.server.edge import Message, Receive, Scope, Send
-from embedx.server.rsgi import LifespanFailed, RsgiBridge, lifespan
+from embedx.server.asgi import Message, Receive, Scope, Send
+from embedx.server.rsgi import RsgiBridge
 
 pytestmark = pytest.mark.anyio
 
@@ -111,33 +110,3 @@ async def test_a_client_leaving_mid_body_is_a_disconnect_and_gets_no_response(
     headers = {"transfer-encoding": "chunked"} if chunked else {"content-length": "9"}
     await RsgiBridge(echo).__rsgi__(FakeScope(headers), protocol)
     assert protocol.responses == []
-
-
-def lifespan_app(fail: bool, events: list[str]) -> Any:
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        assert scope["type"] == "lifespan"
-        await receive()
-        events.append("startup")
-        if fail:
-            await send({"type": "lifespan.startup.failed", "message": "no such model"})
-            return
-        await send({"type": "lifespan.startup.complete"})
-        await receive()
-        events.append("shutdown")
-        await send({"type": "lifespan.shutdown.complete"})
-
-    return app
-
-
-async def test_lifespan_starts_the_app_on_entry_and_stops_it_on_exit() -> None:
-    events: list[str] = []
-    async with lifespan(lifespan_app(False, events)):
-        assert events == ["startup"]
-    assert events == ["startup", "shutdown"]
-
-
-async def test_an_app_that_fails_to_start_raises_with_its_message() -> None:
-    events: list[str] = []
-    with pytest.raises(LifespanFailed, match="no such model"):
-        async with lifespan(lifespan_app(True, events)):
-            raise AssertionError("entered a lifespan whose startup failed")

@@ -26,10 +26,10 @@ from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
 from embedx.registry import ModelRegistry
 from embedx.registry import registry as registry_module
-from embedx.server import app as app_module
 from embedx.server.app import create_app
-from embedx.server.edge import Edge
+from embedx.server.guard import Guard
 from tests.conftest import SlowForward, cpu_info
+from tests.support.server import metric
 
 pytestmark = pytest.mark.anyio
 
@@ -67,10 +67,12 @@ async def test_a_quarantined_device_makes_health_degraded_and_info_names_it(
         assert device["state"] == "quarantined"
         assert "ECC error" in device["reason"]
         metrics = (await client.get("/metrics")).text
-        assert "embedx_device_up" in metrics
+        assert metric(metrics, "embedx_device_up", model="m", device="bad") == 0
+        assert metric(metrics, "embedx_device_up", model="m", device="good") == 1
         # answered requests count under their route, none as a client hang-up (499)
-        assert 'route="/v1/embeddings",method="POST",status="200"' in metrics
-        assert 'status="499"' not in metrics
+        answered = {"route": "/v1/embeddings", "method": "POST"}
+        assert metric(metrics, "embedx_requests_total", **answered, status="200") == 1
+        assert metric(metrics, "embedx_requests_total", **answered, status="499") is None
     await registry.drain(5)
 
 
@@ -153,8 +155,8 @@ async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_do
         assert health.json()["status"] == "failing"
         assert health.json()["failing"] == ["m"]
         metrics = (await client.get("/metrics")).text
-        assert "embedx_models_failing 1" in metrics
-        assert f'embedx_model_load_failures_total{{code="{code}"}}' in metrics
+        assert metric(metrics, "embedx_models_failing") == 1
+        assert metric(metrics, "embedx_model_load_failures_total", code=code)
         # the outage is in a log kept at the warning level: the device out, the load failed
         logged = [(r.levelno, r.getMessage()) for r in caplog.records]
         assert (logging.WARNING, "m: only taken out of service: " + _first_reason(logged)) in logged
@@ -164,7 +166,7 @@ async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_do
         health = await client.get("/health")
         assert health.status_code == 200, health.text
         assert health.json()["status"] == "ok"
-        assert "embedx_models_failing 0" in (await client.get("/metrics")).text
+        assert metric((await client.get("/metrics")).text, "embedx_models_failing") == 0
         assert (await client.post("/v1/embeddings", json=body)).status_code == 200
     await registry.drain(5)
 
@@ -196,7 +198,7 @@ async def test_a_preloaded_model_with_no_slot_free_to_load_again_tries_later(
     await registry.drain(5)
 
 
-async def _preloaded_on_one_device(minilm_dir: Path) -> tuple[ModelRegistry, Edge]:
+async def _preloaded_on_one_device(minilm_dir: Path) -> tuple[ModelRegistry, Guard]:
     """The real app, its registry holding MiniLM as `m`, preloaded on one fake CPU device."""
     settings = load_settings({}, environ={})
     catalog = load_catalog(None)
@@ -227,110 +229,3 @@ async def _until_loaded(registry: ModelRegistry, name: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{name} did not load")
-
-
-async def test_requests_waiting_for_a_load_hold_no_slot_that_a_loaded_model_needs(
-    minilm_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import asyncio
-
-    from embedx import engine as engine_module
-
-    loading = asyncio.Event()
-    original = engine_module.Engine.load.__func__  # type: ignore[attr-defined]
-
-    async def slow_for_cold(cls: type, spec: ModelSpec, *args: object) -> object:
-        if spec.name == "cold":
-            loading.set()
-            await asyncio.sleep(30)
-        return await original(cls, spec, *args)
-
-    monkeypatch.setattr(engine_module.Engine, "load", classmethod(slow_for_cold))
-    settings = load_settings(
-        {"max_concurrent_requests": "1", "request_queue_timeout_s": "5"}, environ={}
-    )
-    catalog = load_catalog(None)
-    for name in ("warm", "cold"):
-        catalog[name] = ModelSpec(name=name, source=str(minilm_dir), pooling=Pooling.MEAN)
-    registry = ModelRegistry(settings, catalog, [cpu_info()], CpuAccelerator)
-    await registry.preload(["warm"])
-    transport = httpx.ASGITransport(app=create_app(settings, registry))
-    async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
-        cold = asyncio.create_task(
-            client.post("/v1/embeddings", json={"model": "cold", "input": "x"})
-        )
-        await loading.wait()
-        warm = await client.post("/v1/embeddings", json={"model": "warm", "input": "x"})
-        assert warm.status_code == 200, warm.text  # not a 503 queue_timeout behind the load
-        cold.cancel()
-    await registry.drain(0)
-
-
-async def test_a_bug_in_a_route_is_a_500_naming_the_request_id_that_its_log_line_has(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    async def broken(state: object, http: object) -> None:
-        raise RuntimeError("injected")
-
-    monkeypatch.setattr(
-        app_module,
-        "ROUTES",
-        tuple((m, p, broken if p == "/v1/models" else h) for m, p, h in app_module.ROUTES),
-    )
-    settings = load_settings({}, environ={})
-    registry = ModelRegistry(settings, load_catalog(None), [cpu_info()], CpuAccelerator)
-    transport = httpx.ASGITransport(app=create_app(settings, registry))
-    async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
-        response = await client.get("/v1/models")
-    request_id = response.headers["x-request-id"]
-    assert response.status_code == 500
-    assert response.json()["error"]["code"] == "internal_bug"
-    assert request_id in response.json()["error"]["message"]
-    assert any(request_id in r.getMessage() and r.exc_info for r in caplog.records)
-
-
-def test_metrics_keep_every_digit_and_escape_label_values() -> None:
-    from embedx.server.metrics import _labels, _number
-
-    assert _number(1_234_571) == "1234571"  # six significant digits made it 1.23457e+06
-    assert _number(0.25) == "0.25"
-    assert _labels(model='a\\b"c\nd') == '{model="a\\\\b\\"c\\nd"}'
-
-
-async def test_a_queue_timeout_of_0_takes_a_free_slot_and_refuses_only_when_none_is() -> None:
-    from embedx.errors import QueueTimeout
-    from embedx.server.admission import Admission
-
-    admission = Admission(1, 0.0)
-    async with admission.slot():  # free: taken, whatever the timeout
-        with pytest.raises(QueueTimeout):  # none free: refused at once, not queued
-            async with admission.slot():
-                pass
-    assert admission.timeouts == 1
-
-
-async def test_a_request_cancelled_as_its_slot_frees_does_not_run() -> None:
-    from embedx.server.admission import Admission
-
-    admission = Admission(1, 30.0)
-    entered: list[str] = []
-    first_done = asyncio.Event()
-
-    async def request(name: str, hold: asyncio.Event | None) -> None:
-        async with admission.slot():
-            entered.append(name)
-            await (hold.wait() if hold is not None else asyncio.sleep(0.2))
-
-    first = asyncio.create_task(request("first", first_done))
-    await asyncio.sleep(0.01)
-    second = asyncio.create_task(request("second, its client gone", None))
-    await asyncio.sleep(0.01)
-    assert admission.waiting == 1
-    first_done.set()
-    await asyncio.sleep(0)  # `first` leaves its slot, which the semaphore hands to `second`...
-    second.cancel()  # ...whose client hangs up in the same turn (3.11's wait_for ran it anyway)
-    await asyncio.gather(first, second, return_exceptions=True)
-    assert entered == ["first"]
-    assert admission.running == 0
-    async with admission.slot():  # the slot is free again
-        pass

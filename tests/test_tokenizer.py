@@ -26,7 +26,7 @@ from embedx.models.source import ModelFiles, resolve
 from embedx.models.tokenizer import TextTokenizer
 from embedx.models.windows import CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN
 from tests.conftest import MINILM_NAME
-from tests.test_server import running_server
+from tests.support.server import running_server
 
 FAMILIES = ("MiniLM's WordPiece", "byte-level BPE, Qwen's split", "Unigram, Metaspace")
 CJK = "的一是不了人我在有他这为之大来以个中上们到说国和地也子时道出而要于就下得可生天会自"

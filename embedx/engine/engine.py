@@ -178,8 +178,8 @@ class Engine:
         except BaseException:
             await engine.close()
             raise
-        heap.hold()  # the model and everything loaded with it stay: stop scanning them
-        engine._holds_heap = True
+        # the model and everything loaded with it stay: stop scanning them (`heap.manage`)
+        engine._holds_heap = heap.hold()
         return engine
 
     def _plan_for(self, accelerator: Accelerator) -> ProbePlan:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import torch
 
 # Makes the (N, width) uint8 array a request's base64 rows are written into: a view into a
-# response laid out around them (server/embeddings.py), so that each row is copied once.
+# response laid out around them (server/protocol/openai.py), so that each row is copied once.
 RowSink = Callable[[int, int], np.ndarray]
 
 

@@ -29,6 +29,7 @@ from embedx.registry.failures import (
 )
 from embedx.registry.loading import Loads
 from embedx.registry.naming import LoadRequest, Names, asked_length, asked_pooling
+from embedx.registry.report import RegistryReport
 from embedx.registry.residency import FOREVER, Resident, least_recently_used, no_room
 
 if TYPE_CHECKING:
@@ -302,6 +303,11 @@ class ModelRegistry:
         """The resident models, for /info."""
         shown = self.settings.show_model_sources
         return [report.described(r, self.clock(), shown) for r in self._models.values()]
+
+    def report(self) -> RegistryReport:
+        """The registry's figures, and each loaded model's, for /metrics."""
+        models = self._models.values()
+        return report.registry_report(models, self.loads, self.evictions, len(self._failing))
 
     def failing(self) -> list[str]:
         """Models kept for the server's life whose last load failed: until each loads again,

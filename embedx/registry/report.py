@@ -1,14 +1,47 @@
-"""What the registry reports of its models: each resident one for /info, and the devices its
-models lost."""
+"""What the registry reports of its models: each resident one for /info, the devices its
+models lost, and a typed snapshot of its figures for /metrics."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from embedx.engine import EngineState
 from embedx.models.source import HUB_PREFIX, PACKAGE_PREFIX, ModelFiles
 from embedx.registry.residency import FOREVER, Resident
+from embedx.telemetry import Histogram
+
+if TYPE_CHECKING:
+    from embedx.engine.report import EngineReport
+    from embedx.registry.loading import Loads
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryReport:
+    """The registry's figures, read at once: its models, their loads, and each loaded one's
+    engine report."""
+
+    models: int  # resident or loading
+    load_seconds: Histogram
+    load_failures: dict[str, int]  # by the error's code
+    evictions: int
+    failing: int  # preloaded models whose last load failed
+    engines: list[tuple[str, EngineReport]]  # each loaded model's, under its name
+
+
+def registry_report(
+    residents: Iterable[Resident], loads: Loads, evictions: int, failing: int
+) -> RegistryReport:
+    models = list(residents)
+    return RegistryReport(
+        models=len(models),
+        load_seconds=loads.seconds,
+        load_failures=dict(loads.failures),
+        evictions=evictions,
+        failing=failing,
+        engines=[(r.spec.name, r.engine.report()) for r in models if r.engine is not None],
+    )
 
 
 def described(resident: Resident, now: float, show_sources: bool) -> dict[str, Any]:

@@ -1,143 +1,35 @@
-"""Prometheus text for /metrics: HTTP counters kept here, engine and registry figures read live."""
+"""/metrics: one Prometheus collector, read at scrape time, over the guard's HTTP counts,
+admission and the registry's snapshot (its models' engine reports among it)."""
 
 from __future__ import annotations
 
-import math
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from embedx.telemetry import LATENCY_BUCKETS_S, Histogram
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from embedx.telemetry import Histogram
 
 if TYPE_CHECKING:
     from embedx.engine.report import DeviceReport, EngineReport
     from embedx.registry import ModelRegistry
     from embedx.server.admission import Admission
+    from embedx.server.http_metrics import HttpMetrics
 
-
-# Methods counted by name; any other is "other", as unknown paths are: a client sending
-# made-up methods must not grow the series without bound.
-COUNTED_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
-# The status recorded for a request whose client hung up before its response (nginx's):
-# counted as a request, not as an error of the server's.
-CLIENT_CLOSED = 499
-
-
-class HttpMetrics:
-    """Requests by route, method and status; errors by route, status and code; latency by
-    route."""
-
-    def __init__(self) -> None:
-        self.requests: Counter[tuple[str, str, int]] = Counter()
-        self.errors: Counter[tuple[str, int, str]] = Counter()
-        self.latency: dict[str, Histogram] = {}
-
-    def observe(
-        self, route: str, method: str, status: int, seconds: float, code: str | None = None
-    ) -> None:
-        counted = method if method in COUNTED_METHODS else "other"
-        self.requests[(route, counted, status)] += 1
-        if status >= 400 and status != CLIENT_CLOSED:  # 503 alone says too little to act on
-            self.errors[(route, status, code or "other")] += 1
-        histogram = self.latency.get(route)
-        if histogram is None:
-            histogram = self.latency[route] = Histogram(LATENCY_BUCKETS_S)
-        histogram.observe(seconds)
-
-
-def _labels(**labels: object) -> str:
-    inner = ",".join(f'{k}="{_escaped(str(v))}"' for k, v in labels.items())
-    return "{" + inner + "}" if inner else ""
-
-
-def _escaped(value: str) -> str:
-    """A label value as the exposition format writes it: backslash, quote and newline
-    escaped (model names are paths and catalog keys: any of them can appear)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _number(value: float) -> str:
-    """Every digit: a counter past a million printed with six would stop moving in small
-    steps, and rate() over it would read as steps or zero."""
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-
-    def sample(self, name: str, value: float, **labels: object) -> None:
-        self.lines.append(f"{name}{_labels(**labels)} {_number(value)}")
-
-    def value(self, name: str, kind: str, value: Any, **labels: object) -> None:
-        if kind == "histogram":
-            self.histogram(name, value, **labels)
-        else:
-            self.sample(name, value, **labels)
-
-    def histogram(self, name: str, histogram: Histogram, **labels: object) -> None:
-        cumulative = 0
-        for bound, count in zip(histogram.bounds, histogram.counts, strict=False):
-            cumulative += count
-            self.sample(f"{name}_bucket", cumulative, **labels, le=f"{bound:g}")
-        self.sample(f"{name}_bucket", histogram.count, **labels, le="+Inf")
-        self.sample(f"{name}_sum", histogram.total, **labels)
-        self.sample(f"{name}_count", histogram.count, **labels)
-
-
-def render(http: HttpMetrics, registry: ModelRegistry, admission: Admission) -> str:
-    w = _Writer()
-    w.family("embedx_requests_total", "counter", "HTTP requests by route, method and status.")
-    for (route, method, status), count in sorted(http.requests.items()):
-        w.sample("embedx_requests_total", count, route=route, method=method, status=status)
-    w.family(
-        "embedx_request_errors_total",
-        "counter",
-        "HTTP responses with status 400 or above, by the error's code (queue_timeout, "
-        "no_device_available, ...); not 499, a client that left before its answer.",
-    )
-    for (route, status, code), count in sorted(http.errors.items()):
-        w.sample("embedx_request_errors_total", count, route=route, status=status, code=code)
-    w.family("embedx_request_seconds", "histogram", "HTTP request latency by route.")
-    for route, histogram in sorted(http.latency.items()):
-        w.histogram("embedx_request_seconds", histogram, route=route)
-
-    w.family("embedx_requests_running", "gauge", "Embedding requests holding a slot.")
-    w.sample("embedx_requests_running", admission.running)
-    w.family("embedx_requests_waiting", "gauge", "Embedding requests waiting for a slot.")
-    w.sample("embedx_requests_waiting", admission.waiting)
-
-    w.family("embedx_models_loaded", "gauge", "Models resident or loading.")
-    w.sample("embedx_models_loaded", len(registry.residents()))
-    w.family("embedx_model_load_seconds", "histogram", "Time to load a model, smoke test included.")
-    w.histogram("embedx_model_load_seconds", registry.loads.seconds)
-    w.family("embedx_model_load_failures_total", "counter", "Failed model loads by error code.")
-    for code, count in sorted(registry.loads.failures.items()):
-        w.sample("embedx_model_load_failures_total", count, code=code)
-    w.family("embedx_model_evictions_total", "counter", "Models unloaded.")
-    w.sample("embedx_model_evictions_total", registry.evictions)
-    w.family(
-        "embedx_models_failing",
-        "gauge",
-        "Preloaded models whose last load failed; /health answers 503 while any is.",
-    )
-    w.sample("embedx_models_failing", len(registry.failing()))
-
-    reports = [(r.spec.name, r.engine.report()) for r in registry.residents() if r.engine]
-    _engine_families(w, reports)
-    return "\n".join(w.lines) + "\n"
-
-
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+# A family's kind, and the class that holds its samples.
+KINDS: dict[str, Callable[..., Metric]] = {
+    "counter": CounterMetricFamily,
+    "gauge": GaugeMetricFamily,
+    "histogram": HistogramMetricFamily,
+}
 # Per model: (metric, kind, help, value of its report); a histogram's value is a Histogram.
 MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[EngineReport], Any]], ...] = (
     ("embedx_queue_items", "gauge", "Texts waiting in a model's queue.",
@@ -173,13 +65,137 @@ DEVICE_FAMILIES: tuple[tuple[str, str, str, Callable[[DeviceReport], Any]], ...]
 )  # fmt: skip
 
 
-def _engine_families(w: _Writer, reports: list[tuple[str, EngineReport]]) -> None:
-    for metric, kind, help_text, value in MODEL_FAMILIES:
-        w.family(metric, kind, help_text)
-        for name, report in reports:
-            w.value(metric, kind, value(report), model=name)
-    for metric, kind, help_text, of_device in DEVICE_FAMILIES:
-        w.family(metric, kind, help_text)
-        for name, report in reports:
-            for device in report.devices:
-                w.value(metric, kind, of_device(device), model=name, device=device.device)
+class ServerCollector(Collector):
+    """Every embedx metric, read when Prometheus scrapes: nothing is copied in between."""
+
+    def __init__(self, http: HttpMetrics, registry: ModelRegistry, admission: Admission) -> None:
+        self.http = http
+        self.registry = registry
+        self.admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        http = self.http
+        requests = _family(
+            "embedx_requests_total",
+            "counter",
+            "HTTP requests by route, method and status.",
+            ("route", "method", "status"),
+        )
+        for (route, method, status), count in sorted(http.requests.items()):
+            _add(requests, (route, method, str(status)), count)
+        yield requests
+        errors = _family(
+            "embedx_request_errors_total",
+            "counter",
+            "HTTP responses with status 400 or above, by the error's code (queue_timeout, "
+            "no_device_available, ...); not 499, a client that left before its answer.",
+            ("route", "status", "code"),
+        )
+        for (route, status, code), count in sorted(http.errors.items()):
+            _add(errors, (route, str(status), code), count)
+        yield errors
+        latency = _family(
+            "embedx_request_seconds", "histogram", "HTTP request latency by route.", ("route",)
+        )
+        for route, histogram in sorted(http.latency.items()):
+            _add(latency, (route,), histogram)
+        yield latency
+
+        yield _single(
+            "embedx_requests_running",
+            "gauge",
+            "Embedding requests holding a slot.",
+            self.admission.running,
+        )
+        yield _single(
+            "embedx_requests_waiting",
+            "gauge",
+            "Embedding requests waiting for a slot.",
+            self.admission.waiting,
+        )
+
+        registry = self.registry.report()
+        yield _single(
+            "embedx_models_loaded", "gauge", "Models resident or loading.", registry.models
+        )
+        yield _single(
+            "embedx_model_load_seconds",
+            "histogram",
+            "Time to load a model, smoke test included.",
+            registry.load_seconds,
+        )
+        failures = _family(
+            "embedx_model_load_failures_total",
+            "counter",
+            "Failed model loads by error code.",
+            ("code",),
+        )
+        for code, count in sorted(registry.load_failures.items()):
+            _add(failures, (code,), count)
+        yield failures
+        yield _single(
+            "embedx_model_evictions_total", "counter", "Models unloaded.", registry.evictions
+        )
+        yield _single(
+            "embedx_models_failing",
+            "gauge",
+            "Preloaded models whose last load failed; /health answers 503 while any is.",
+            registry.failing,
+        )
+
+        for metric, kind, help_text, value in MODEL_FAMILIES:
+            family = _family(metric, kind, help_text, ("model",))
+            for name, report in registry.engines:
+                _add(family, (name,), value(report))
+            yield family
+        for metric, kind, help_text, of_device in DEVICE_FAMILIES:
+            family = _family(metric, kind, help_text, ("model", "device"))
+            for name, report in registry.engines:
+                for device in report.devices:
+                    _add(family, (name, device.device), of_device(device))
+            yield family
+
+
+def metrics_registry(
+    http: HttpMetrics, registry: ModelRegistry, admission: Admission
+) -> CollectorRegistry:
+    """The app's own registry of metrics (not prometheus_client's process-wide one), holding
+    the one collector."""
+    metrics = CollectorRegistry(auto_describe=False)
+    metrics.register(ServerCollector(http, registry, admission))
+    return metrics
+
+
+def exposition(metrics: CollectorRegistry) -> bytes:
+    """The metrics in Prometheus' text format, version 0.0.4 (`CONTENT_TYPE`)."""
+    return generate_latest(metrics)
+
+
+def _family(name: str, kind: str, help_text: str, labels: tuple[str, ...]) -> Metric:
+    return KINDS[kind](name, help_text, labels=labels)
+
+
+def _single(name: str, kind: str, help_text: str, value: float | Histogram) -> Metric:
+    family = _family(name, kind, help_text, ())
+    _add(family, (), value)
+    return family
+
+
+def _add(family: Metric, labels: tuple[str, ...], value: float | Histogram) -> None:
+    if isinstance(value, Histogram):
+        assert isinstance(family, HistogramMetricFamily), "a histogram's value is a Histogram"
+        family.add_metric(list(labels), _buckets(value), value.total)
+    else:
+        assert isinstance(family, CounterMetricFamily | GaugeMetricFamily), family
+        family.add_metric(list(labels), value)
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    """The histogram's cumulative counts, by upper bound as the exposition writes it."""
+    buckets = []
+    cumulative = 0
+    for bound, count in zip(histogram.bounds, histogram.counts, strict=False):
+        cumulative += count
+        buckets.append((f"{bound:g}", float(cumulative)))
+    buckets.append(("+Inf", float(histogram.count)))
+    return buckets

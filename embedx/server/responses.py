@@ -40,12 +40,8 @@ def json_bytes_response(
     return Response(status, raw, StreamedContent(JSON, whole, len(body)))
 
 
-def error_response(error: EmbedxError) -> Response:
-    return json_response(error.envelope(), error.status, error.headers())
-
-
 def error_body(error: EmbedxError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """Status, headers and body of an error, for the ASGI edge (outside BlackSheep)."""
+    """Status, headers and body of an error, as the guard sends it."""
     headers = [
         (b"content-type", JSON),
         *((k.encode(), v.encode()) for k, v in error.headers().items()),

@@ -5,20 +5,18 @@ event loop can finish; a busy loop makes every one of them wait its turn (a 256-
 about 60 KB, waited 40 ms on average for its body on an H200 under
 bench/load.py). RSGI hands over a body with a declared length in one await and
 takes the response in one call. The app stays ASGI, so tests and other servers run it as is;
-granian's RSGI has no lifespan, so `lifespan` drives the app's.
+granian's RSGI has no lifespan: `embedx serve` enters the app's itself.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 from urllib.parse import quote
 
 from granian.rsgi import ProtocolClosed  # type: ignore[attr-defined]  # re-exported there
 
-from embedx.server.edge import ASGIApp, Message, Scope
+from embedx.server.asgi import ASGIApp, Message, Scope
 
 
 class RsgiScope(Protocol):
@@ -39,10 +37,6 @@ class RsgiProtocol(Protocol):
     def __aiter__(self) -> AsyncIterator[bytes]: ...
     async def client_disconnect(self) -> None: ...
     def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None: ...
-
-
-class LifespanFailed(Exception):
-    """The app refused to start (a model to preload failed, say); its log says why."""
 
 
 class RsgiBridge:
@@ -74,7 +68,7 @@ class _Exchange:
     async def receive(self) -> Message:
         # Cancelling a read (a body past its deadline, a stop) is safe: granian's future drops
         # its Rust side, which stops reading the body, and hyper then closes the connection
-        # after the response, the body being unread. The edge asks for no more of it.
+        # after the response, the body being unread. The guard asks for no more of it.
         try:
             if self._body_done:  # the app watches for the client leaving
                 await self._protocol.client_disconnect()
@@ -141,33 +135,3 @@ def _asgi_scope(scope: RsgiScope) -> Scope:
 def _host_port(address: str) -> tuple[str, int] | None:
     host, _, port = address.rpartition(":")
     return (host.strip("[]"), int(port)) if port.isdigit() else None
-
-
-@contextlib.asynccontextmanager
-async def lifespan(app: ASGIApp) -> AsyncIterator[None]:
-    """Run the app's ASGI startup on entry and its shutdown on exit."""
-    inbox: asyncio.Queue[Message] = asyncio.Queue()
-    outbox: asyncio.Queue[Message] = asyncio.Queue()
-    scope: Scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
-    running: asyncio.Future[None] = asyncio.ensure_future(app(scope, inbox.get, outbox.put))
-
-    async def reply_to(message: Message) -> Message:
-        await inbox.put(message)
-        replied = asyncio.ensure_future(outbox.get())
-        either: list[asyncio.Future[Any]] = [replied, running]
-        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        if not replied.done():  # the app ended, or raised, without replying
-            replied.cancel()
-            running.result()
-            raise LifespanFailed("the app ended its lifespan without replying")
-        return replied.result()
-
-    started = await reply_to({"type": "lifespan.startup"})
-    if started["type"] != "lifespan.startup.complete":
-        running.cancel()
-        raise LifespanFailed(started.get("message") or "its startup failed (logged above)")
-    try:
-        yield
-    finally:
-        await reply_to({"type": "lifespan.shutdown"})
-        await running

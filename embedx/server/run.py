@@ -17,11 +17,13 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
+from embedx import heap
 from embedx.config import Settings
 from embedx.server import logs
 from embedx.server.app import create_app
-from embedx.server.edge import Edge
-from embedx.server.rsgi import LifespanFailed, RsgiBridge, lifespan
+from embedx.server.lifespan import StartupFailed
+from embedx.server.rsgi import RsgiBridge
+from embedx.server.state import ServerState
 
 if TYPE_CHECKING:
     from granian.server.embed import Server
@@ -46,6 +48,7 @@ def serve(settings: Settings) -> int:
     import uvloop
 
     logs.configure(settings.log_level)
+    heap.manage()  # the process is the server's: loading a model may tune its collector
     if not _loopback(settings.host) and not settings.api_key:
         log.warning(
             "binding %s with no API key: anyone who can reach this port can use the server "
@@ -86,7 +89,7 @@ def start_tasks_eagerly(loop: asyncio.AbstractEventLoop) -> None:
     """On Python 3.12 and later, a new task runs its first step at once.
 
     Otherwise that step waits for the loop's next turn, 15 to 30 ms under load, and a request
-    starts several tasks (granian's, the bridge's, the edge's). Eagerly, parsing and admission
+    starts several tasks (granian's, the bridge's, the guard's). Eagerly, parsing and admission
     took 0.4 ms a request, mean, against 8.1 and 9.3 (bench/load.py, on an H200)."""
     if sys.version_info >= (3, 12):
         loop.set_task_factory(asyncio.eager_task_factory)
@@ -136,7 +139,7 @@ async def _serve(settings: Settings) -> int:
             taken.strerror or taken,
         )
         return 1
-    edge = create_app(settings)
+    app = create_app(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     start_tasks_eagerly(loop)
@@ -144,23 +147,23 @@ async def _serve(settings: Settings) -> int:
         loop.add_signal_handler(signum, stop.set)
     async with contextlib.AsyncExitStack() as running:
         # models to preload load here, before the port opens; a signal meanwhile stops it
-        starting = asyncio.ensure_future(running.enter_async_context(lifespan(edge)))
+        starting = asyncio.ensure_future(running.enter_async_context(app.lifespan()))
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         if not starting.done():
             log.info("stopping before the port opened: the models being preloaded are dropped")
-            await edge.state.registry.drain(0)  # cancels the loads: the startup ends with them
-            with contextlib.suppress(LifespanFailed):
+            await app.state.registry.drain(0)  # cancels the loads: the startup ends with them
+            with contextlib.suppress(StartupFailed):
                 await starting
             return 0
         try:
             starting.result()
-        except LifespanFailed as exc:
+        except StartupFailed as exc:
             log.error("the server did not start: %s", exc)
             return 1
         server = Server(
-            RsgiBridge(edge),
+            RsgiBridge(app),
             address=settings.host,
             port=settings.port,
             interface=Interfaces.RSGI,
@@ -172,11 +175,11 @@ async def _serve(settings: Settings) -> int:
             backlog=1024,
             backpressure=_connection_cap(),
         )
-        return await _until_stopped(server, stop, settings, edge)
+        return await _until_stopped(server, stop, settings, app.state)
 
 
 async def _until_stopped(
-    server: Server, stop: asyncio.Event, settings: Settings, edge: Edge
+    server: Server, stop: asyncio.Event, settings: Settings, state: ServerState
 ) -> int:
     """Serve until SIGTERM or Ctrl-C, then stop taking requests and drain those in flight."""
     serving = asyncio.create_task(server.serve())
@@ -191,30 +194,30 @@ async def _until_stopped(
         "shutting down: draining requests in flight (up to %.0f s; a second signal ends them now)",
         settings.drain_timeout_s,
     )
-    edge.state.stop_taking()  # bodies still arriving end now: only work in flight is drained
+    state.stop_taking()  # bodies still arriving end now: only work in flight is drained
     stop.clear()
-    idle = asyncio.create_task(edge.state.idle.wait())
+    idle = asyncio.create_task(state.idle.wait())
     again = asyncio.create_task(stop.wait())
     await asyncio.wait({idle, again}, timeout=settings.drain_timeout_s,
                        return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
     idle.cancel()
     again.cancel()
-    if edge.state.in_flight:
+    if state.in_flight:
         # The server stops waiting for them: unloading fails their pending texts, so they
         # end now with a 503 the client can retry elsewhere, not when the work is done
         # (granian's stop waits for every request; a supervisor's grace period would not).
         log.warning(
             "%d requests still running after %s: failing them (503)",
-            edge.state.in_flight,
+            state.in_flight,
             "a second signal" if again.done() and not again.cancelled() else "the drain timeout",
         )
-        await edge.state.registry.drain(0)
+        await state.registry.drain(0)
         # What the engine did not hold (a body still arriving, say) would keep the stop
         # waiting for its client: after a moment for the others' 503s, it ends with one too.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STRAGGLERS_S):
-                await edge.state.idle.wait()
-        for request in list(edge.state.requests):
+                await state.idle.wait()
+        for request in list(state.requests):
             request.cancel()
     server.stop()  # type: ignore[no-untyped-call]  # stop accepting; `lifespan` unloads
     try:

@@ -1,4 +1,5 @@
-"""What the routes share: settings, the registry, admission, counters, lifecycle."""
+"""What the routes and the guard share: settings, the registry, admission, counters, and which
+requests are in flight."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from embedx.server.admission import Admission, ByteBudget
-from embedx.server.metrics import HttpMetrics
+from embedx.server.http_metrics import HttpMetrics
+from embedx.server.metrics import metrics_registry
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from embedx.config import Settings
     from embedx.devices import DeviceInfo
     from embedx.registry import ModelRegistry
@@ -33,16 +37,35 @@ class ServerState:
     # the body itself: no work yet, so a stop ends them at once
     receiving: set[asyncio.Task[Any]] = field(default_factory=set)
     bodies: ByteBudget = field(init=False)
+    metrics: CollectorRegistry = field(init=False)  # /metrics', read at scrape time
 
     def __post_init__(self) -> None:
         self.idle.set()
         self.bodies = ByteBudget(
             self.settings.max_body_bytes_in_flight, self.settings.request_queue_timeout_s
         )
+        self.metrics = metrics_registry(self.http, self.registry, self.admission)
 
     @property
     def in_flight(self) -> int:
         return len(self.requests)
+
+    def receiving_body(self, request: asyncio.Task[Any]) -> None:
+        """A request arrived: until its body is in, a stop ends it at once."""
+        self.receiving.add(request)
+
+    def working(self, request: asyncio.Task[Any]) -> None:
+        """A request's body is in: its work is in flight, which a stop drains."""
+        self.receiving.discard(request)
+        self.requests.add(request)
+        self.idle.clear()
+
+    def done(self, request: asyncio.Task[Any]) -> None:
+        """A request was answered (or its client left, or it failed)."""
+        self.receiving.discard(request)
+        self.requests.discard(request)
+        if not self.requests:
+            self.idle.set()
 
     def stop_taking(self) -> None:
         """Refuse new requests, and end those whose body has not arrived (each gets a 503):

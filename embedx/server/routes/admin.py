@@ -1,4 +1,4 @@
-"""Operational routes: /health, /info, /metrics, and the API's own description."""
+"""The operational routes: /health, /info, /metrics, and the API's own description."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from blacksheep import Content, Request, Response
 
 from embedx import __version__
 from embedx.allocator import process_allocator
-from embedx.server.metrics import render
+from embedx.server.metrics import CONTENT_TYPE, exposition
 from embedx.server.openapi import docs_page, openapi_spec
+from embedx.server.protocol.tei import tei_default
 from embedx.server.responses import json_response
 from embedx.server.state import ServerState
-from embedx.server.validation import tei_default
 
 
 async def health(state: ServerState, http: Request) -> Response:
@@ -40,7 +40,11 @@ async def info(state: ServerState, http: Request) -> Response:
             "settings": settings,
             "devices": [d.as_dict() for d in state.devices],
             "allocator": process_allocator(),
-            "requests": {**state.admission.describe(), "http_in_flight": state.in_flight},
+            "requests": {
+                **state.admission.describe(),
+                "http_in_flight": state.in_flight,
+                "http_receiving": len(state.receiving),  # bodies still arriving
+            },
             "models": state.registry.describe(),
             "quarantined": state.registry.degraded(),
         }
@@ -48,8 +52,7 @@ async def info(state: ServerState, http: Request) -> Response:
 
 
 async def metrics(state: ServerState, http: Request) -> Response:
-    text = render(state.http, state.registry, state.admission)
-    return Response(200, None, Content(b"text/plain; version=0.0.4; charset=utf-8", text.encode()))
+    return Response(200, None, Content(CONTENT_TYPE, exposition(state.metrics)))
 
 
 async def openapi_json(state: ServerState, http: Request) -> Response:

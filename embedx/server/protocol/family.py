@@ -1,16 +1,15 @@
-"""Checking request bodies at the edge, one function per API family, each reading its
-family's table of fields, from which the OpenAPI document takes its request schemas too:
-everything past here receives typed, validated values."""
+"""An embedding API family's request body as one table (its model, its texts, its options),
+and the one parser and the one JSON Schema both read from it: everything past the parser
+receives typed, validated values."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from embedx.config import Settings
 from embedx.engine.texts import plain_texts
 from embedx.errors import (
     EmptyInput,
@@ -24,6 +23,7 @@ from embedx.errors import (
 from embedx.models.catalog import DTYPES, INPUT_TYPES
 from embedx.models.pooling import Pooling
 from embedx.registry import LoadRequest
+from embedx.server.protocol.fields import Choice, Duration, Integer, Option
 from embedx.untrusted import shown
 
 MAX_NAMED_FIELDS = 5  # of the unknown fields a message lists
@@ -34,115 +34,26 @@ MAX_MODEL_NAME = 1024
 # Python's `re` and the document's ECMA-262 patterns: no shorthand whose meaning differs.
 CONTROL = r"\x00-\x1f\x7f-\x9f"
 CONTROL_CHARACTER = re.compile(f"[{CONTROL}]")
-DURATION = re.compile(r"^ *([0-9]+(?:\.[0-9]+)?) *([smh]?) *$")
-MAX_DURATION = 32  # characters: a duration this long still counts finite seconds
-SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    """One of a few strings."""
-
-    values: tuple[str, ...]
-    default: str | None = None
-
-    def schema(self) -> dict[str, Any]:
-        return {"type": "string", "enum": list(self.values)}
-
-    def read(self, value: Any, key: str) -> str:
-        if not isinstance(value, str) or value not in self.values:
-            raise InvalidOption(f"`{key}` must be one of {', '.join(self.values)}", param=key)
-        return value
-
-
-@dataclass(frozen=True, slots=True)
-class Integer:
-    """A whole number, `minimum` or more (1.0 is one, as JSON Schema counts it)."""
-
-    minimum: int
-    default: None = None
-
-    def schema(self) -> dict[str, Any]:
-        return {"type": "integer", "minimum": self.minimum}
-
-    def read(self, value: Any, key: str) -> int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
-            raise InvalidOption(f"`{key}` must be an integer of {self.minimum} or more", param=key)
-        return value
-
-
-@dataclass(frozen=True, slots=True)
-class Flag:
-    """true or false."""
-
-    default: bool | None = None
-
-    def schema(self) -> dict[str, Any]:
-        return {"type": "boolean"}
-
-    def read(self, value: Any, key: str) -> bool:
-        if not isinstance(value, bool):
-            raise InvalidOption(f"`{key}` must be true or false", param=key)
-        return value
-
-
-@dataclass(frozen=True, slots=True)
-class Text:
-    """Any string."""
-
-    default: None = None
-
-    def schema(self) -> dict[str, Any]:
-        return {"type": "string"}
-
-    def read(self, value: Any, key: str) -> str:
-        if not isinstance(value, str):
-            raise InvalidOption(f"`{key}` must be a string", param=key)
-        return value
-
-
-@dataclass(frozen=True, slots=True)
-class Duration:
-    """Seconds, as a number or a string like "90s", "10m", "1h"."""
-
-    default: None = None
-
-    def schema(self) -> dict[str, Any]:
-        return {"anyOf": [{"type": "number", "minimum": 0},
-                          {"type": "string", "pattern": DURATION.pattern,
-                           "maxLength": MAX_DURATION}]}  # fmt: skip
-
-    def read(self, value: Any, key: str) -> float:
-        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-            return float(value)
-        # fullmatch: `$` alone would let a trailing newline through, which ECMA's does not
-        match = DURATION.fullmatch(value) if isinstance(value, str) else None
-        if match and len(value) <= MAX_DURATION:
-            return float(match.group(1)) * SECONDS[match.group(2)]
-        raise InvalidOption(f"`{key}` must be seconds, or a duration like 90s, 10m, 1h", param=key)
-
-
-Option = Choice | Integer | Flag | Text | Duration
 
 
 @dataclass(frozen=True, slots=True)
 class Family:
     """An API family's request body: its model, its texts and its options (each optional;
-    null means unset, as serializers of optional fields send it)."""
+    null means unset, as serializers of optional fields send it), and what each field means
+    (`notes`, for the document)."""
 
     texts: str  # the field holding the texts
     defaultable: bool  # a request naming no model (null, or blank) gets the server's default
     closed: bool  # unknown fields are refused (else ignored)
     options: dict[str, Option]
+    notes: dict[str, str] = field(default_factory=dict)
     synonym: tuple[str, str] | None = None  # two choices of one thing: both given, they agree
 
     def fields(self) -> set[str]:
         return {"model", self.texts, *self.options}
 
 
-SHARED: dict[str, Option] = {  # both families'
+SHARED: dict[str, Option] = {  # both embedding families'
     "dimensions": Integer(1),
     "input_type": Choice(INPUT_TYPES),
     "pooling": Choice(tuple(p.value for p in Pooling)),
@@ -150,24 +61,24 @@ SHARED: dict[str, Option] = {  # both families'
     "max_seq_len": Integer(2),  # a text's tokens with its special ones: two at least
     "keep_alive": Duration(),
 }
-OPENAI = Family("input", defaultable=False, closed=True, options={
-    "encoding_format": Choice(("float", "base64"), default="float"),
-    "user": Text(),
-    **SHARED,
-})  # fmt: skip
-# TEI ignores fields it does not read: the Inference API's `options` and `parameters`,
-# which older clients send (`parse_tei`).
-TEI = Family("inputs", defaultable=True, closed=False, options={
-    "normalize": Flag(),  # unset: EMBEDX_NORMALIZE
-    "truncate": Flag(default=False),
-    "truncation_direction": Choice(("right", "Right")),  # null: right, TEI's default
-    "prompt_name": Choice(INPUT_TYPES),
-    **SHARED,
-}, synonym=("prompt_name", "input_type"))  # fmt: skip
+SHARED_NOTES = {
+    "dimensions": "Matryoshka: keep the first N dimensions, renormalized; at most the "
+                  "model's own width.",
+    "input_type": "Picks the model's prompt: its catalog entry's, else its "
+                  "sentence-transformers config's.",
+    "pooling": "Required on a model's first load unless the catalog states it; never "
+               "guessed. A different pooling for a loaded model is a 409.",
+    "dtype": "First load only. auto: bfloat16 on GPUs that have it, float16 on older GPUs, "
+             "float32 on the CPU.",
+    "max_seq_len": "Tokens kept per text (longer texts are truncated and counted). Sets it on "
+                   "a model's first load; afterwards it must be the model's.",
+    "keep_alive": "First load only: idle time before unloading, seconds or a duration like "
+                  "10m; 0 unloads when the last user leaves.",
+}  # fmt: skip
 
 
 def request_schema(family: Family, *, max_items: int, default_model: bool) -> dict[str, Any]:
-    """The JSON Schema of a family's request body, as the checks below read it, on a server
+    """The JSON Schema of a family's request body, as the parser below reads it, on a server
     taking `max_items` texts a request and with (`default_model`) or without a model for
     requests that name none."""
     text = {"type": "string", "minLength": 1}
@@ -183,10 +94,14 @@ def request_schema(family: Family, *, max_items: int, default_model: bool) -> di
         if option.default is not None:
             schema["default"] = option.default
         properties[key] = schema
+    for key, note in family.notes.items():
+        properties[key]["description"] = note  # a note on no field fails here
     schema = {"type": "object", "properties": properties,
               "required": ["model", family.texts] if required else [family.texts]}  # fmt: skip
     if family.closed:
         schema["additionalProperties"] = False
+    else:
+        schema["description"] = "Fields other than these are ignored, as TEI ignores them."
     if family.synonym is not None:
         first, second = family.synonym
         choice = family.options[first]
@@ -236,7 +151,7 @@ def check_json_body(content_type: bytes | None, content_encoding: bytes | None) 
         )
 
 
-def _object(body: bytes) -> dict[str, Any]:
+def json_object(body: bytes) -> dict[str, Any]:
     if not body:
         raise InvalidJSON("the request body is empty: send a JSON object")
     try:
@@ -248,8 +163,9 @@ def _object(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _unknown(data: dict[str, Any], known: set[str]) -> None:
-    extra = sorted(set(data) - known)
+def refuse_unknown(data: dict[str, Any], family: Family) -> None:
+    """A closed family's request holds no field the family lacks."""
+    extra = sorted(set(data) - family.fields())
     if extra:
         names = ", ".join(shown(name) for name in extra[:MAX_NAMED_FIELDS])
         more = f" and {len(extra) - MAX_NAMED_FIELDS} more" if len(extra) > MAX_NAMED_FIELDS else ""
@@ -258,7 +174,7 @@ def _unknown(data: dict[str, Any], known: set[str]) -> None:
         )
 
 
-def _model(data: dict[str, Any], family: Family, default: str | None) -> str:
+def read_model(data: dict[str, Any], family: Family, default: str | None) -> str:
     """The request's model, or (where the family takes one) the server's default for
     requests that name none."""
     model = data.get("model")
@@ -289,6 +205,47 @@ def _model(data: dict[str, Any], family: Family, default: str | None) -> str:
             param="model",
         )
     return model
+
+
+def read_options(data: dict[str, Any], family: Family) -> dict[str, Any]:
+    """Each of the family's options, read, or its default where the request has none (or
+    null)."""
+    values: dict[str, Any] = {}
+    for key, option in family.options.items():
+        value = data.get(key)
+        values[key] = option.default if value is None else option.read(value, key)
+    if family.synonym is not None:
+        first, second = family.synonym
+        if None not in (values[first], values[second]) and values[first] != values[second]:
+            raise InvalidOption(f"`{first}` and `{second}` disagree: send one", param=first)
+    return values
+
+
+def embed_request(
+    data: dict[str, Any],
+    family: Family,
+    options: dict[str, Any],
+    max_items: int,
+    *,
+    model: str,
+    input_type: str | None,
+    **own: Any,
+) -> EmbedRequest:
+    """The fields both embedding families share, then each family's own (the model and the
+    prompt each family finds its own way)."""
+    return EmbedRequest(
+        model=model,
+        texts=_texts(data.get(family.texts), family.texts, max_items),
+        load=LoadRequest(
+            pooling=options["pooling"],
+            dtype=options["dtype"],
+            max_seq_len=options["max_seq_len"],
+            keep_alive_s=options["keep_alive"],
+        ),
+        dimensions=options["dimensions"],
+        input_type=input_type,
+        **own,
+    )
 
 
 def _texts(value: Any, param: str, max_items: int) -> list[str]:
@@ -349,85 +306,3 @@ def _json_type(value: Any) -> str:
     if isinstance(value, int | float):
         return "a number"
     return "an array" if isinstance(value, list) else "an object"
-
-
-def _options(data: dict[str, Any], family: Family) -> dict[str, Any]:
-    """Each of the family's options, read, or its default where the request has none (or
-    null)."""
-    values: dict[str, Any] = {}
-    for key, option in family.options.items():
-        value = data.get(key)
-        values[key] = option.default if value is None else option.read(value, key)
-    if family.synonym is not None:
-        first, second = family.synonym
-        if None not in (values[first], values[second]) and values[first] != values[second]:
-            raise InvalidOption(f"`{first}` and `{second}` disagree: send one", param=first)
-    return values
-
-
-def parse_openai(body: bytes, max_items: int) -> EmbedRequest:
-    """POST /v1/embeddings, as the OpenAI API defines it, plus embedx's load fields."""
-    data = _object(body)
-    _unknown(data, OPENAI.fields())
-    options = _options(data, OPENAI)
-    return _request(
-        data,
-        OPENAI,
-        options,
-        max_items,
-        model=_model(data, OPENAI, None),
-        input_type=options["input_type"],
-        base64=options["encoding_format"] == "base64",
-    )
-
-
-def tei_default(settings: Settings) -> str | None:
-    """The model of TEI requests that name none: EMBEDX_DEFAULT_MODEL, else the first of
-    EMBEDX_PRELOAD."""
-    return settings.default_model or next(iter(settings.preload), None)
-
-
-def parse_tei(body: bytes, max_items: int, default_model: str | None) -> EmbedRequest:
-    """POST /embed, as text-embeddings-inference defines it: a request without `model`
-    (TEI serves one model, so its clients send none) goes to `default_model`, and
-    `prompt_name` picks the model's prompt as `input_type` does. Other fields are ignored, as
-    TEI ignores them."""
-    data = _object(body)
-    options = _options(data, TEI)
-    return _request(
-        data,
-        TEI,
-        options,
-        max_items,
-        model=_model(data, TEI, default_model),
-        input_type=options["prompt_name"] or options["input_type"],
-        normalize=options["normalize"],
-        truncate=options["truncate"],
-    )
-
-
-def _request(
-    data: dict[str, Any],
-    family: Family,
-    options: dict[str, Any],
-    max_items: int,
-    *,
-    model: str,
-    input_type: str | None,
-    **own: Any,
-) -> EmbedRequest:
-    """The fields both API families share, then each family's own (the model and the
-    prompt each family finds its own way)."""
-    return EmbedRequest(
-        model=model,
-        texts=_texts(data.get(family.texts), family.texts, max_items),
-        load=LoadRequest(
-            pooling=options["pooling"],
-            dtype=options["dtype"],
-            max_seq_len=options["max_seq_len"],
-            keep_alive_s=options["keep_alive"],
-        ),
-        dimensions=options["dimensions"],
-        input_type=input_type,
-        **own,
-    )

@@ -1,0 +1,146 @@
+"""OpenAI's embeddings API on the wire (and infinity's paths for it): the request table and
+its parser, the responses' shapes (a base64 one laid out before its rows exist), and the
+description of its operations."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from embedx.server.protocol.family import (
+    SHARED,
+    SHARED_NOTES,
+    EmbedRequest,
+    Family,
+    embed_request,
+    json_object,
+    read_model,
+    read_options,
+    refuse_unknown,
+)
+from embedx.server.protocol.fields import Choice, Text
+from embedx.server.protocol.schema import EXAMPLE_MODEL, Described, embedding, operation
+
+OPENAI = Family("input", defaultable=False, closed=True, options={
+    "encoding_format": Choice(("float", "base64"), default="float"),
+    "user": Text(),
+    **SHARED,
+}, notes={
+    "model": "A catalog name (GET /v1/models), a Hugging Face repo id or a local directory.",
+    "encoding_format": "base64: little-endian float32 bytes.",
+    **SHARED_NOTES,
+})  # fmt: skip
+
+
+def parse_openai(body: bytes, max_items: int) -> EmbedRequest:
+    """POST /v1/embeddings, as the OpenAI API defines it, plus embedx's load fields."""
+    data = json_object(body)
+    refuse_unknown(data, OPENAI)
+    options = read_options(data, OPENAI)
+    return embed_request(
+        data,
+        OPENAI,
+        options,
+        max_items,
+        model=read_model(data, OPENAI, None),
+        input_type=options["input_type"],
+        base64=options["encoding_format"] == "base64",
+    )
+
+
+RESPONSE = {
+    "type": "object",
+    "required": ["object", "data", "model", "usage"],
+    "properties": {
+        "object": {"const": "list"},
+        "model": {"type": "string"},
+        "data": {"type": "array", "items": {
+            "type": "object", "required": ["object", "index", "embedding"], "properties": {
+                "object": {"const": "embedding"}, "index": {"type": "integer"},
+                "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}},
+                                        {"type": "string", "contentEncoding": "base64"}]}}}},
+        "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"],
+                  "properties": {"prompt_tokens": {"type": "integer"},
+                                 "total_tokens": {"type": "integer"}}},
+    },
+}  # fmt: skip
+MODEL = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by", "resident", "pooling", "dimensions"],
+    "properties": {
+        "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+        "owned_by": {"type": "string"}, "resident": {"type": "boolean"},
+        "pooling": {"enum": ["cls", "mean", "last_token", None]},
+        "dimensions": {"type": ["integer", "null"], "description": "null until loaded"},
+    },
+}  # fmt: skip
+MODELS = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": MODEL}},
+}
+
+
+def operations(server: Described) -> dict[str, dict[str, Any]]:
+    """The family's paths as the OpenAPI document describes them, infinity's among them."""
+    paths: dict[str, dict[str, Any]] = {
+        "/v1/embeddings": {"post": embedding(
+            "Create embeddings (OpenAI)", RESPONSE, OPENAI, server)},
+        "/v1/models": {"get": operation(
+            "Models resident and in the catalog (OpenAI)", MODELS, keyed=server.keyed)},
+        "/v1/models/{model}": {"get": {**operation(
+            "One model, resident or in the catalog (OpenAI)", MODEL, errors=(404,),
+            keyed=server.keyed),
+            "parameters": [{"name": "model", "in": "path", "required": True,
+                            "schema": {"type": "string"}, "example": EXAMPLE_MODEL,
+                            "description": "Slashes as they are or percent-encoded."}]}},
+    }  # fmt: skip
+    for path in list(paths):  # as infinity serves them: its clients' base URL has no /v1
+        paths[path.removeprefix("/v1")] = {
+            method: {**described, "summary": f"As {path}: infinity's path (a base URL without /v1)"}
+            for method, described in paths[path].items()
+        }
+    return paths
+
+
+ITEM_HEAD = b'{"object":"embedding","index":'
+ITEM_MID = b',"embedding":"'
+ITEM_END = np.frombuffer(b'"},', np.uint8)
+
+
+class Base64Items:
+    """The `data` list of a base64 response, one fixed-width line of bytes per item, made
+    before the rows exist: as the request's `EmbedOptions.sink`, it hands the engine the column
+    each row's base64 goes in, so a row is copied once from the device's buffer to the body.
+
+    An index with fewer digits than the last is preceded by spaces, between the items, so
+    that every row's base64 starts in the same column."""
+
+    def __init__(self) -> None:
+        self._lines: np.ndarray | None = None
+
+    def __call__(self, count: int, width: int) -> np.ndarray:
+        heads = _item_heads(count)
+        row_start = heads.shape[1]
+        lines = np.empty((count, row_start + width + len(ITEM_END)), np.uint8)
+        lines[:, :row_start] = heads
+        lines[:, -len(ITEM_END) :] = ITEM_END
+        self._lines = lines
+        return lines[:, row_start : row_start + width]
+
+    def body(self, rest: bytes) -> bytes:
+        """The response: the items, then `rest`, the fields after `data` (from `"model"` on,
+        with the closing brace)."""
+        assert self._lines is not None, "the engine wrote no rows"
+        items = self._lines.reshape(-1).data[:-1]  # no comma after the last item
+        return b"".join((b'{"object":"list","data":[', items, b"],", rest))
+
+
+@functools.lru_cache(maxsize=8)  # requests mostly come in a few sizes
+def _item_heads(count: int) -> np.ndarray:
+    """What precedes each of `count` items' base64, padded to one width."""
+    width = len(ITEM_HEAD) + len(str(count - 1)) + len(ITEM_MID)
+    heads = b"".join((b"%s%d%s" % (ITEM_HEAD, i, ITEM_MID)).rjust(width) for i in range(count))
+    return np.frombuffer(heads, np.uint8).reshape(count, width)

@@ -1,0 +1,46 @@
+"""What every embedding route does between parsing and answering: read the JSON body, lease
+the model, wait for a slot, embed; and TEI's timing headers for the answer."""
+
+from __future__ import annotations
+
+from blacksheep import Request
+
+from embedx.engine import EmbedOptions, EmbedResult
+from embedx.engine.outputs import RowSink
+from embedx.server.protocol.family import EmbedRequest, check_json_body
+from embedx.server.state import ServerState
+
+
+async def json_body(http: Request) -> bytes:
+    check_json_body(
+        http.get_first_header(b"content-type"), http.get_first_header(b"content-encoding")
+    )
+    return await http.read() or b""
+
+
+async def embed(
+    state: ServerState, request: EmbedRequest, sink: RowSink | None = None
+) -> EmbedResult:
+    """Lease the model (loading it on first use), wait for a slot, embed. In that order: a
+    request waiting for its model's load holds no slot that another model's requests need."""
+    options = EmbedOptions(
+        dimensions=request.dimensions,
+        normalize=request.normalize,
+        truncate=request.truncate,
+        input_type=request.input_type,
+        base64=request.base64,
+        sink=sink,
+    )
+    async with state.registry.lease(request.model, request.load) as engine, state.admission.slot():
+        return await engine.embed(request.texts, options)
+
+
+def timing(result: EmbedResult) -> dict[str, str]:
+    """TEI's timing headers, in whole milliseconds as TEI sends them: where a request's time
+    went."""
+    return {
+        "x-tokenization-time": str(int(result.tokenize_s * 1000)),
+        "x-inference-time": str(int((result.total_s - result.tokenize_s) * 1000)),
+        "x-total-time": str(int(result.total_s * 1000)),
+        "x-total-tokens": str(result.tokens),
+    }

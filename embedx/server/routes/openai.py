@@ -1,0 +1,77 @@
+"""OpenAI's routes: /v1/embeddings and /v1/models (and infinity's paths for them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from blacksheep import Request, Response
+
+from embedx.engine import EmbedResult
+from embedx.errors import ModelNotFound
+from embedx.registry import Resident
+from embedx.server.protocol.openai import Base64Items, parse_openai
+from embedx.server.responses import json_bytes_response, json_response
+from embedx.server.routes.embedding import embed, json_body, timing
+from embedx.server.state import ServerState
+from embedx.untrusted import shown
+
+
+async def create_embeddings(state: ServerState, http: Request) -> Response:
+    request = parse_openai(await json_body(http), state.settings.max_request_items)
+    if not request.base64:
+        result = await embed(state, request)
+        data = [{"object": "embedding", "index": i, "embedding": row}
+                for i, row in enumerate(result.vectors)]  # fmt: skip
+        payload = {"object": "list", "data": data, "model": request.model, "usage": _usage(result)}
+        return json_response(payload, headers=timing(result))
+    # The SDK's default, and the bulk of a busy server's responses: the engine writes each
+    # row's base64 (made on the device) straight into its item of the response, laid out
+    # before the rows exist, not a Python object per row.
+    items = Base64Items()
+    result = await embed(state, request, items)
+    rest = orjson.dumps({"model": request.model, "usage": _usage(result)})
+    return json_bytes_response(items.body(rest[1:]), headers=timing(result))
+
+
+def _usage(result: EmbedResult) -> dict[str, int]:
+    return {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
+
+
+async def list_models(state: ServerState, http: Request) -> Response:
+    if http.url.path.endswith(b"/"):  # the router lets /v1/models/ through here: no name
+        raise ModelNotFound("GET /v1/models/ names no model; GET /v1/models lists them")
+    resident = {r.spec.name: r for r in state.registry.residents()}
+    names = sorted(set(state.registry.catalog) | set(resident))
+    data = [_model_card(state, name, resident) for name in names]
+    return json_response({"object": "list", "data": data})
+
+
+async def retrieve_model(state: ServerState, http: Request) -> Response:
+    """GET /v1/models/{model}: the OpenAI SDK's `models.retrieve`. Names like `org/model`
+    arrive with their slash percent-encoded by the SDK, or as is from curl: both match."""
+    name = http.route_values["model"] or ""  # always there: the route has {model}
+    resident = {r.spec.name: r for r in state.registry.residents()}
+    if name not in resident and name not in state.registry.catalog:
+        raise ModelNotFound(
+            f"model '{shown(name)}' is neither in this server's catalog nor loaded; "
+            "GET /v1/models lists those",
+            param="model",
+        )
+    return json_response(_model_card(state, name, resident))
+
+
+def _model_card(state: ServerState, name: str, resident: dict[str, Resident]) -> dict[str, Any]:
+    """One model in OpenAI's shape (`protocol.openai.MODEL`), with what embedx knows of it."""
+    entry = resident.get(name)
+    engine = entry.engine if entry is not None else None
+    spec = entry.spec if entry is not None else state.registry.catalog[name]
+    return {
+        "id": name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "embedx",
+        "resident": engine is not None,
+        "pooling": spec.pooling.value if spec.pooling else None,
+        "dimensions": engine.dimensions if engine is not None else None,
+    }

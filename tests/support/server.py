@@ -1,0 +1,214 @@
+"""The server, as the tests call it: in this process over httpx's ASGI transport (the app with
+its lifespan, no socket), or as `embedx serve` in a process of its own on a free port, for
+what only a real one has (signals, sockets, granian); and what both kinds of test check."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+from embedx.config import load_settings
+from embedx.registry import ModelRegistry, local_name
+from embedx.server.app import create_app
+from embedx.server.guard import Guard
+from embedx.server.state import ServerState
+
+BASE_URL = "http://embedx"
+
+# -- in this process -------------------------------------------------------------------------
+
+
+@dataclass
+class InProcess:
+    """The real app, started (its models preloaded), and a client that calls it."""
+
+    app: Guard
+    client: httpx.AsyncClient
+
+    @property
+    def state(self) -> ServerState:
+        return self.app.state
+
+
+@contextlib.asynccontextmanager
+async def in_process(
+    settings: Mapping[str, object] | None = None, *, registry: ModelRegistry | None = None
+) -> AsyncIterator[InProcess]:
+    """The app with these settings (and none from the environment) on the host's own
+    devices, or the app over `registry` (with its settings), its lifespan entered."""
+    if registry is not None:
+        assert settings is None, "the registry's settings are the app's"
+        app = create_app(registry.settings, registry)
+    else:
+        app = create_app(load_settings(settings or {}, environ={}))
+    async with app.lifespan(), asgi_client(app) as client:
+        yield InProcess(app, client)
+
+
+@contextlib.asynccontextmanager
+async def asgi_client(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+        yield client
+
+
+def sdk(app: Guard, key: str = "unused") -> openai.AsyncOpenAI:
+    """The OpenAI SDK, its requests to the app in this process (over the ASGI transport of
+    httpx2, the SDK's own HTTP client)."""
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app))
+    return openai.AsyncOpenAI(
+        base_url=BASE_URL + "/v1", api_key=key, max_retries=0, http_client=http
+    )
+
+
+# -- in a process of its own ---------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def wait_for_output(self, text: str, within_s: float = 60) -> None:
+        """Until the server's log holds `text` (a line is written as its request finishes)."""
+        deadline = time.monotonic() + within_s
+        while text not in self.output():
+            assert time.monotonic() < deadline, f"{text!r} not logged within {within_s} s"
+            time.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def serve_environment(**settings: object) -> dict[str, str]:
+    """This process's environment without its EMBEDX_ settings, with these instead."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
+    env.update(HF_HUB_OFFLINE="1", EMBEDX_PORT=str(free_port()))
+    env.update({f"EMBEDX_{k.upper()}": str(v) for k, v in settings.items()})
+    return env
+
+
+@contextlib.contextmanager
+def running_server(tmp: Path, **settings: object) -> Iterator[Server]:
+    """`embedx serve` with these settings, once its /health answers; SIGTERM after."""
+    env = serve_environment(**settings)
+    log = tmp / f"server-{env['EMBEDX_PORT']}.log"
+    with open(log, "wb") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env,
+                                   stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+    server = Server(f"http://127.0.0.1:{env['EMBEDX_PORT']}", process, log)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("the server did not start:\n" + server.output())
+        time.sleep(0.05)
+    try:
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:  # a stop that hangs fails; it holds no port
+                process.kill()
+                process.wait()
+                raise
+
+
+def client(server: Server, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+
+
+def post(server: Server, path: str, timeout: float = 120, **kwargs: Any) -> httpx.Response:
+    return httpx.post(server.url + path, timeout=timeout, **kwargs)
+
+
+def info(server: Server) -> dict[str, Any]:
+    return dict(httpx.get(server.url + "/info").json())
+
+
+def until_embedding(server: Server) -> None:
+    """Wait (60 s at most) until a request holds a slot: admitted, its texts embedding."""
+    deadline = time.monotonic() + 60
+    while info(server)["requests"]["running"] < 1:
+        assert time.monotonic() < deadline, "no request started embedding"
+        time.sleep(0.02)
+
+
+def until_receiving(server: Server, bodies: int) -> None:
+    """Wait (60 s at most) until `bodies` requests are in the app, their bodies arriving."""
+    deadline = time.monotonic() + 60
+    while info(server)["requests"]["http_receiving"] < bodies:
+        assert time.monotonic() < deadline, f"{bodies} requests did not reach the app"
+        time.sleep(0.02)
+
+
+# -- what both check ---------------------------------------------------------------------------
+
+
+def served_as(directory: Path | str) -> str:
+    """The name a model in a local directory is served and listed under."""
+    return local_name(Path(directory).resolve())
+
+
+def resolved(directory: Path) -> str:
+    """The directory's real path (a sync call, for async tests)."""
+    return str(directory.resolve())
+
+
+def assert_envelope(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """The response is an error of `status` and `code` in the OpenAI envelope, and says
+    nothing of the server's insides."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code
+    assert "Traceback" not in error["message"]
+    return dict(error)
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of the sample `name` with exactly these labels in Prometheus text, if any."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return None
+
+
+def samples(text: str, name: str) -> list[dict[str, str]]:
+    """The label sets of every sample `name` in Prometheus text."""
+    return [sample.labels for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == name]  # fmt: skip
