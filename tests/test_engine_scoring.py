@@ -80,7 +80,7 @@ async def test_requests_for_pairs_and_their_options_are_checked(
     async with make_engine(model_dir=tiny_classifiers["bert-1"], max_seq_len=64) as engine:
         with pytest.raises(InputTooLong, match="input 1"):
             await engine.score([("a", "b"), ("q", long)], ScoreOptions(truncate=False))
-        with pytest.raises(InvalidInput, match="pair 0"):
+        with pytest.raises(InvalidInput, match="input 0 is neither"):
             await engine.score([("only one side",)])
         with pytest.raises(WrongModelTask, match="scores \\(query, document\\) pairs") as refused:
             await engine.embed(["a text"], EmbedOptions())
@@ -94,3 +94,20 @@ async def test_an_embedding_model_does_not_score_pairs(make_engine: Callable[...
         with pytest.raises(WrongModelTask, match="embeds texts") as refused:
             await engine.score([("a query", "a document")])
     assert refused.value.task == "embed"
+
+
+async def test_a_classifier_scores_single_texts_as_transformers_classifies_them(
+    make_engine: Callable[..., Any], tiny_classifiers: dict[str, Path], reference_texts: list[str]
+) -> None:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    directory = tiny_classifiers["bert-3"]
+    texts = reference_texts[:20]
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model = AutoModelForSequenceClassification.from_pretrained(str(directory)).eval()
+    with torch.inference_mode():
+        inputs = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        expected = torch.softmax(model(**inputs).logits, dim=1).numpy()
+    async with make_engine(model_dir=directory, max_seq_len=None) as engine:
+        mixed = await engine.score([texts[0], (texts[1], texts[2]), *texts[1:]])
+    np.testing.assert_allclose(mixed.scores[[0, *range(2, 21)]], expected, atol=1e-5, rtol=0)

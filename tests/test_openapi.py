@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,7 +33,8 @@ KEY = "test-key"
 def app_with(**settings: object) -> Any:
     """The real app on one fake CPU device; nothing loads until a request asks."""
     config = load_settings({"max_request_items": 8, **settings}, environ={})
-    registry = ModelRegistry(config, load_catalog(None), [cpu_info()], CpuAccelerator)
+    catalog = load_catalog(config.models_file)
+    registry = ModelRegistry(config, catalog, [cpu_info()], CpuAccelerator)
     return create_app(config, registry)
 
 
@@ -198,16 +200,27 @@ def fuzz(app: Any, headers: dict[str, str]) -> tuple[int, list[str], dict[str, s
     return cases, failures, answered
 
 
-def test_schemathesis_finds_no_5xx_and_no_answer_the_document_lacks() -> None:
-    cases, failures, answered = fuzz(app_with(preload=MINILM_NAME), {})
+@pytest.fixture
+def served_models(tmp_path: Path, tiny_classifiers: dict[str, Path]) -> dict[str, object]:
+    """MiniLM and a reranker, preloaded: every operation's example can be answered, the
+    scoring ones' by the reranker, the server's scorer for requests that name none."""
+    models = tmp_path / "models.toml"
+    models.write_text(f'[models.reranker]\nsource = "{tiny_classifiers["bert-1"]}"\n')
+    return {"models_file": str(models), "preload": f"{MINILM_NAME},reranker"}
+
+
+def test_schemathesis_finds_no_5xx_and_no_answer_the_document_lacks(
+    served_models: dict[str, object],
+) -> None:
+    cases, failures, answered = fuzz(app_with(**served_models), {})
     assert failures == []
     assert cases > 300
     # each operation answered 200 at least once: its body, real vectors among them, checked
     assert all(200 in statuses for statuses in answered.values()), answered
 
 
-def test_schemathesis_finds_the_same_with_a_key() -> None:
-    app = app_with(preload=MINILM_NAME, api_key=KEY)
+def test_schemathesis_finds_the_same_with_a_key(served_models: dict[str, object]) -> None:
+    app = app_with(**served_models, api_key=KEY)
     cases, failures, answered = fuzz(app, {"Authorization": f"Bearer {KEY}"})
     assert failures == []
     assert cases > 300

@@ -29,7 +29,7 @@ from embedx.engine.outputs import OutputSpec, RequestRows
 from embedx.engine.probe import ProbePlan
 from embedx.engine.replica import Replica, ReplicaModel
 from embedx.engine.report import EngineReport, report_of
-from embedx.engine.texts import Prompts, checked_pairs, checked_texts
+from embedx.engine.texts import Prompts, checked_scored, checked_texts
 from embedx.engine.worker import DeviceWorker
 from embedx.errors import (
     NoDeviceFits,
@@ -280,14 +280,14 @@ class Engine:
         return await self._run(texts, spec, options.truncate)
 
     async def score(
-        self, pairs: Sequence[tuple[str, str]], options: ScoreOptions | None = None
+        self, inputs: Sequence[str | tuple[str, str]], options: ScoreOptions | None = None
     ) -> ScoreResult:
-        """Score (query, document) `pairs`; rows of scores, one per label, come back in
-        their order. Cancelling drops the pending work."""
+        """Score (query, document) pairs, or single texts (a classifier's); rows of scores,
+        one per label, come back in their order. Cancelling drops the pending work."""
         options = options or ScoreOptions()
         self._check_ready()
         self._check_task("score")
-        pairs = checked_pairs(pairs)
+        pairs = checked_scored(inputs)
         spec = outputs.scores(self.dimensions, "identity" if options.raw else self.task.activation)
         result = await self._run(pairs, spec, options.truncate)
         return ScoreResult(

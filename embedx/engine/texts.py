@@ -83,20 +83,31 @@ def checked_texts(texts: Sequence[str]) -> Sequence[str]:
     return texts if isinstance(texts, list | tuple) else list(texts)
 
 
-def checked_pairs(pairs: object) -> list[tuple[str, str]]:
-    """`pairs`, each a (query, document) of two strings (either may be empty), as a list."""
-    if isinstance(pairs, str | bytes) or not isinstance(pairs, Sequence):
+def checked_scored(inputs: object) -> list[str | tuple[str, str]]:
+    """What a scorer is given: (query, document) pairs, or single texts (a classifier's), as a
+    list of tuples and strings."""
+    if isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
         raise InvalidInput(
-            f"pairs must be a list of (query, document) pairs, not {type(pairs).__name__}",
+            f"pairs must be a list of (query, document) pairs or texts, not "
+            f"{type(inputs).__name__}",
             param="input",
         )
-    if not pairs:
-        raise EmptyInput("pairs is empty: send at least one (query, document) pair", param="input")
-    for i, pair in enumerate(pairs):
-        if (
-            not isinstance(pair, tuple | list)
-            or len(pair) != 2
-            or not all(isinstance(side, str) for side in pair)
+    if not inputs:
+        raise EmptyInput("nothing to score: send at least one pair or text", param="input")
+    checked: list[str | tuple[str, str]] = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, str):
+            checked.append(item)
+        elif (
+            isinstance(item, tuple | list)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], str)
         ):
-            raise InvalidInput(f"pair {i} is not a (query, document) of two strings", param="input")
-    return [(query, document) for query, document in pairs]
+            checked.append((item[0], item[1]))
+        else:
+            raise InvalidInput(
+                f"input {i} is neither a text nor a (query, document) of two strings",
+                param="input",
+            )
+    return checked

@@ -268,26 +268,46 @@ class TextTokenizer:
         started = time.monotonic()
         try:  # the tokenizer releases the GIL while it encodes
             if self.pairs:
-                pairs = cast("list[tuple[str, str]]", inputs)
-                cut = self.windows.prefix
-                return pair_encodings(self._tokenizer, pairs, self.max_seq_len, cut=cut)
-            texts = cast("list[str]", inputs)
-            limit = self.windows.cut_at
-            long = [i for i, text in enumerate(texts) if len(text) > limit]
-            if not long:
-                return self._tokenizer.encode_batch_fast(texts), []
-            encodings = self._tokenizer.encode_batch_fast(
-                [text if len(text) <= limit else "" for text in texts]
-            )
-            windowed, at_bound = self.windows.windowed([texts[i] for i in long])
-            for i, encoding in zip(long, windowed, strict=True):
-                encodings[i] = encoding
-            return encodings, [long[k] for k in at_bound]
+                return self._encode_scored(inputs)
+            return self._encode_texts(cast("list[str]", inputs))
         finally:
             with self._queued:
                 self.busy_s += time.monotonic() - started
                 self.calls += 1
                 self.texts += len(inputs)
+
+    def _encode_texts(self, texts: list[str]) -> tuple[list[Encoding], list[int]]:
+        """Texts, those longer than `cut_at` characters from a window of their start."""
+        limit = self.windows.cut_at
+        long = [i for i, text in enumerate(texts) if len(text) > limit]
+        if not long:
+            return self._tokenizer.encode_batch_fast(texts), []
+        encodings = self._tokenizer.encode_batch_fast(
+            [text if len(text) <= limit else "" for text in texts]
+        )
+        windowed, at_bound = self.windows.windowed([texts[i] for i in long])
+        for i, encoding in zip(long, windowed, strict=True):
+            encodings[i] = encoding
+        return encodings, [long[k] for k in at_bound]
+
+    def _encode_scored(self, inputs: list[Input]) -> tuple[list[Encoding], list[int]]:
+        """A scorer's inputs: (query, document) pairs as CrossEncoder pairs them, and single
+        texts (a classifier's, or a model scoring one text) as texts."""
+        at = [i for i, item in enumerate(inputs) if isinstance(item, tuple)]
+        pairs = [cast("tuple[str, str]", inputs[i]) for i in at]
+        cut = self.windows.prefix
+        encodings, truncated = pair_encodings(self._tokenizer, pairs, self.max_seq_len, cut=cut)
+        if len(at) == len(inputs):
+            return encodings, truncated
+        alone = [i for i, item in enumerate(inputs) if not isinstance(item, tuple)]
+        text_encodings, unread = self._encode_texts([cast("str", inputs[i]) for i in alone])
+        merged: list[Encoding | None] = [None] * len(inputs)
+        for i, encoding in zip(at, encodings, strict=True):
+            merged[i] = encoding
+        for i, encoding in zip(alone, text_encodings, strict=True):
+            merged[i] = encoding
+        cut_short = sorted([at[k] for k in truncated] + [alone[k] for k in unread])
+        return cast("list[Encoding]", merged), cut_short
 
     def close(self) -> None:
         """Stop the tokenizer's threads once the call in progress, if any, is handed out."""

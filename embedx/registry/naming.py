@@ -32,7 +32,7 @@ class LoadRequest:
     dtype: str | None = None
     max_seq_len: int | None = None
     keep_alive_s: float | None = None
-    task: str = "embed"
+    task: str | None = "embed"  # None: not said (a preload)
 
 
 class Names:

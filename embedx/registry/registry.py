@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from embedx.devices import Accelerator, DeviceInfo
 
 log = logging.getLogger("embedx.registry")
+# A preloaded model's load: no request says what it is for; its files do (a pooling is needed
+# only where it embeds, which its load finds out).
+PRELOADED = LoadRequest(task=None)
 
 
 class ModelRegistry:
@@ -231,7 +234,7 @@ class ModelRegistry:
         if not self._kept_loaded(name) or name in self._models or self._closing:
             return
         try:
-            resident = self._reserve(self.names.spec_for(name, LoadRequest()))
+            resident = self._reserve(self.names.spec_for(name, PRELOADED))
         except EmbedxError as exc:  # every slot is held by a model in use: later, then
             log.warning("%s cannot load again now: %s", name, exc.message)
             self._load_again_later(name)
@@ -274,7 +277,7 @@ class ModelRegistry:
             if name not in self.catalog:
                 raise ModelNotFound(f"EMBEDX_PRELOAD names {name!r}, which is not in the catalog")
             self._preloaded.add(name)
-            async with self.lease(name):
+            async with self.lease(name, PRELOADED):
                 pass
 
     # -- shutting down -------------------------------------------------------------------

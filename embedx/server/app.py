@@ -8,7 +8,7 @@ from embedx.registry import ModelRegistry, check_default_model, check_preload
 from embedx.server.admission import Admission
 from embedx.server.dispatch import Dispatch, Route
 from embedx.server.guard import Guard
-from embedx.server.routes import admin, openai, tei
+from embedx.server.routes import admin, openai, rerank, tei
 from embedx.server.state import ServerState
 
 ROUTES: tuple[Route, ...] = (
@@ -21,6 +21,12 @@ ROUTES: tuple[Route, ...] = (
     ("GET", "/models/{path:model}", openai.retrieve_model),
     ("POST", "/embed", tei.embed_tei),
     ("POST", "/", tei.embed_tei),  # TEI's route too: clients given the bare URL post here
+    ("POST", "/rerank", rerank.rerank_any),  # TEI's shape, or Cohere's and infinity's
+    ("POST", "/v1/rerank", rerank.rerank_cohere_v1),
+    ("POST", "/v2/rerank", rerank.rerank_cohere_v2),
+    ("POST", "/predict", rerank.predict),
+    ("POST", "/classify", rerank.classify),
+    ("POST", "/v1/classify", rerank.classify),
     ("GET", "/health", admin.health),
     ("GET", "/", admin.health),  # TEI's health check there too (with the key, if one is set)
     ("GET", "/info", admin.info),

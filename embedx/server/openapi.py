@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 
 from embedx import __version__
-from embedx.server.protocol import admin, openai, tei
+from embedx.server.protocol import admin, openai, rerank, tei
 from embedx.server.protocol.schema import Described
 
-FAMILIES = (openai, tei, admin)
+FAMILIES = (openai, tei, rerank, admin)
 
 
 @functools.cache

@@ -192,6 +192,11 @@ def read_model(data: dict[str, Any], family: Family, default: str | None) -> str
         raise InvalidOption(
             f"`model` is required: the name of the model to embed with{hint}", param="model"
         )
+    return checked_model_name(model)
+
+
+def checked_model_name(model: str) -> str:
+    """A model name no longer than any real one, with no control character."""
     if len(model) > MAX_MODEL_NAME:
         raise InvalidOption(
             f"`model` is {len(model)} characters long; a model's name or path has at most "

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from blacksheep import Request
 
-from embedx.engine import EmbedOptions, EmbedResult
+from embedx.engine import EmbedOptions, EmbedResult, ScoreResult
 from embedx.engine.outputs import RowSink
+from embedx.errors import WrongModelTask
 from embedx.server.protocol.family import EmbedRequest, check_json_body
 from embedx.server.state import ServerState
 
@@ -32,10 +33,17 @@ async def embed(
         sink=sink,
     )
     async with state.registry.lease(request.model, request.load) as engine, state.admission.slot():
-        return await engine.embed(request.texts, options)
+        try:
+            return await engine.embed(request.texts, options)
+        except WrongModelTask as exc:
+            raise WrongModelTask(
+                f"{exc.message}: send its (query, document) pairs to POST /rerank, /v1/rerank "
+                "or /v2/rerank (a classifier's texts to /predict or /classify)",
+                task=exc.task,
+            ) from None
 
 
-def timing(result: EmbedResult) -> dict[str, str]:
+def timing(result: EmbedResult | ScoreResult) -> dict[str, str]:
     """TEI's timing headers, in whole milliseconds as TEI sends them: where a request's time
     went."""
     return {
