@@ -1,17 +1,21 @@
 """Real rerank clients, unchanged but for the base URL, against a real server: Cohere's SDK (its
-v2 client) and infinity's client (rerank and classify)."""
+v2 client) and infinity's client (rerank and classify); and a client that leaves."""
 
 from __future__ import annotations
 
+import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
 from tests.conftest import MINILM_NAME
-from tests.support.server import Server, running_server
+from tests.support.server import Server, info, metric, running_server, until_embedding
 
 QUERY = "Which animal purrs?"
 
@@ -84,3 +88,28 @@ def test_infinitys_client_reranks_and_classifies(
     assert isinstance(classified, ClassifyResult)
     for row, scores in zip(classified.data, softmax, strict=True):
         assert [s.score for s in row] == pytest.approx(sorted(scores)[::-1], abs=1e-5)
+
+
+def test_a_client_that_hangs_up_has_its_pairs_dropped(
+    server: Server, reference_texts: list[str]
+) -> None:
+    # 2,000 pairs of the model's whole length: seconds of work on a CPU, even for a tiny model
+    documents = [" ".join(reference_texts[i : i + 12]) for i in range(100)] * 20
+    body = json.dumps({"model": "reranker", "query": QUERY, "documents": documents}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as leaving:
+        leaving.sendall(b"POST /v2/rerank HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        until_embedding(server)
+    deadline = time.monotonic() + 60
+    while info(server)["requests"]["running"] or _queued(server, "reranker"):
+        assert time.monotonic() < deadline, "the queue still holds the pairs of a client that left"
+        time.sleep(0.02)
+    text = httpx.get(server.url + "/metrics").text
+    assert metric(text, "embedx_requests_total", route="/v2/rerank", method="POST",
+                  status="499") == 1  # fmt: skip
+
+
+def _queued(server: Server, name: str) -> int:
+    model = next(m for m in info(server)["models"] if m["model"] == name)
+    return int(model["queue"]["items"])
