@@ -266,3 +266,25 @@ async def test_evicting_a_model_gives_its_gpu_memory_back(minilm_dir: Path) -> N
         torch.cuda.synchronize()  # no gc.collect(): eviction itself must let go of the memory
         leftover.append(torch.cuda.memory_allocated(0) - before)
     assert max(leftover[1:]) <= 2**20, leftover
+
+
+@pytest.mark.parametrize("name", ["bert-1", "xlm-roberta-3"])
+async def test_a_scorer_on_the_gpu_scores_as_cross_encoder_does(
+    tiny_classifiers: dict[str, Path], reference_texts: list[str], name: str
+) -> None:
+    """The packed classifier head with flash attention and each pair's token types on the
+    device: float32 equal to CrossEncoder's float32 scores, bfloat16 close to them."""
+    from sentence_transformers import CrossEncoder
+
+    from embedx.engine import ScoreOptions
+
+    directory = tiny_classifiers[name]
+    long = " ".join(reference_texts[:60])
+    pairs = [(reference_texts[i], reference_texts[i + 1]) for i in range(0, 60, 2)]
+    pairs += [(long, reference_texts[0]), (reference_texts[1], long)]
+    reference = CrossEncoder(str(directory), device="cpu")
+    logits = reference.predict(pairs, activation_fn=torch.nn.Identity()).reshape(len(pairs), -1)
+    for dtype, tolerance in (("float32", 1e-4), ("bfloat16", 5e-2)):
+        async with cuda_engine(directory, dtype=dtype, max_seq_len=None) as engine:
+            raw = (await engine.score(pairs, ScoreOptions(raw=True))).scores
+        assert np.abs(raw - logits).max() < tolerance, dtype
