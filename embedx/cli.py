@@ -9,10 +9,13 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embedx.config import Settings, env_name, load_settings
 from embedx.errors import ConfigError, EmbedxError, PoolingRequired
+
+if TYPE_CHECKING:
+    from embedx.models.catalog import ModelSpec
 
 # `embedx check` exit codes, documented in DEPLOY.md
 EXIT_OK = 0
@@ -134,6 +137,10 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
                 continue
             print(f"embedx check: {role} {name!r}: {exc.message}", file=sys.stderr)
             return EXIT_CONFIG
+    unpooled = _embedding_without_pooling(settings, catalog)
+    if unpooled is not None:
+        print(f"embedx check: {unpooled}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         devices = discover(settings)
     except EmbedxError as exc:
@@ -155,6 +162,29 @@ def _check(settings: Settings, warm: str | None, pooling: str | None) -> int:
             return EXIT_WARM
         print(f"embedx check: warmed {warm}: {json.dumps(described)}")
     return EXIT_OK
+
+
+def _embedding_without_pooling(settings: Settings, catalog: dict[str, ModelSpec]) -> str | None:
+    """What `serve` would stop on: a preloaded (or default) model that embeds texts, whose
+    catalog entry states no pooling (a reranker's needs none; its files say which it is)."""
+    from embedx.models.source import resolve
+    from embedx.models.task import task_of
+
+    for name in (*settings.preload, settings.default_model):
+        spec = catalog.get(name) if name is not None else None
+        if spec is None or spec.pooling is not None:
+            continue
+        try:
+            files = resolve(spec.source, spec.revision)
+            task = task_of(files.config, files.directory)
+        except EmbedxError as exc:
+            return f"{name!r}: {exc.message}"
+        if task.kind == "embed":
+            return (
+                f"{name!r} embeds texts, and its catalog entry is without a pooling: add "
+                "pooling = cls, mean or last_token to it (embedx never guesses pooling)"
+            )
+    return None
 
 
 def stdin_texts(lines: Iterable[str]) -> list[str]:

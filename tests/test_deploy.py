@@ -136,9 +136,14 @@ def test_check_passes_without_the_optional_minilm_package_unless_it_is_needed() 
     assert "EMBEDX_PRELOAD's 'sentence-transformers/all-MiniLM-L6-v2'" in done.stderr
 
 
-def test_check_refuses_a_preload_without_pooling(tmp_path: Path) -> None:
+def test_check_refuses_a_preloaded_embedding_model_without_pooling(
+    tmp_path: Path, tiny_models: dict[str, Path], tiny_classifiers: dict[str, Path]
+) -> None:
     models = tmp_path / "models.toml"
-    models.write_text('[models.a]\nsource = "somewhere"\n')
+    models.write_text(f'[models.a]\nsource = "{tiny_models["bert-base"]}"\n'
+                      f'[models.r]\nsource = "{tiny_classifiers["bert-1"]}"\n')  # fmt: skip
+    reranker = run_cli("check", env={"EMBEDX_MODELS_FILE": str(models), "EMBEDX_PRELOAD": "r"})
+    assert reranker.returncode == 0, reranker.stderr  # a reranker needs none
     env = {"EMBEDX_MODELS_FILE": str(models), "EMBEDX_PRELOAD": "a"}
     done = run_cli("check", env=env)
     assert done.returncode == 2

@@ -143,7 +143,7 @@ async def test_an_over_long_text_with_truncation_off_is_refused_and_nothing_is_q
             await engine.embed(["word " * 400], EmbedOptions(truncate=False))
         assert engine.queue.pending_items == 0
         # long enough to be cut at a space before tokenizing: refused the same way
-        assert len("word " * 2000) > engine.tokenizer.cut_at
+        assert len("word " * 2000) > engine.tokenizer.windows.cut_at
         with pytest.raises(InputTooLong, match="input 1 "):
             await engine.embed(["short", "word " * 2000], EmbedOptions(truncate=False))
         assert engine.queue.pending_items == 0
