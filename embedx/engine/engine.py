@@ -86,6 +86,17 @@ def _task(spec: ModelSpec, files: ModelFiles) -> tuple[ModelTask, bool]:
     return task, token_types
 
 
+def _check_task(engine: Engine, asked: str) -> None:
+    """A request asks what the model is for (`asked`: embed, or score)."""
+    task = engine.task.kind
+    if task != asked:
+        does = "scores (query, document) pairs" if task == "score" else "embeds texts"
+        wanted = "scoring pairs" if asked == "score" else "embedding texts"
+        raise WrongModelTask(
+            f"model {engine.spec.name!r} {does}; it is not for {wanted}", task=task
+        )
+
+
 def chunk_items(job: Job, start: int, encoded: Encoded) -> list[Item]:
     """A tokenized chunk's texts as the job's items; `start` is its first text's index."""
     views = zip(encoded.lengths, encoded.views(), strict=True)
@@ -162,7 +173,7 @@ class Engine:
 
         try:
             for accelerator in accelerators:
-                plan = engine._plan_for(accelerator)
+                plan = ProbePlan.of(options, files, length, engine.max_batch_texts, accelerator)
                 placed = await place(spec, files, build, accelerator, plan)
                 if isinstance(placed, str):
                     engine.skipped[accelerator.info.label] = placed
@@ -181,17 +192,6 @@ class Engine:
         # the model and everything loaded with it stay: stop scanning them (`heap.manage`)
         engine._holds_heap = heap.hold()
         return engine
-
-    def _plan_for(self, accelerator: Accelerator) -> ProbePlan:
-        options = self.options
-        return ProbePlan(
-            length=self.tokenizer.max_seq_len,
-            vocab=int(self.files.config.get("vocab_size") or 1000),
-            max_batch_tokens=options.max_batch_tokens,
-            budget_override=(options.device_batch_tokens or {}).get(accelerator.info.key),
-            max_batch_texts=self.max_batch_texts,
-            batch_timeout_s=options.batch_timeout_s,
-        )
 
     def _serve_on(self, placed: Placed) -> None:
         """Give a device the model was placed on its slot in the queue and its worker."""
@@ -265,7 +265,7 @@ class Engine:
         """Embed `texts`; rows come back in their order. Cancelling drops the pending work."""
         options = options or EmbedOptions()
         self._check_ready()
-        self._check_task("embed")
+        _check_task(self, "embed")
         texts = checked_texts(texts)
         spec = outputs.settle(
             width=self.dimensions,
@@ -286,21 +286,13 @@ class Engine:
         one per label, come back in their order. Cancelling drops the pending work."""
         options = options or ScoreOptions()
         self._check_ready()
-        self._check_task("score")
+        _check_task(self, "score")
         pairs = checked_scored(inputs)
         spec = outputs.scores(self.dimensions, "identity" if options.raw else self.task.activation)
         result = await self._run(pairs, spec, options.truncate)
         return ScoreResult(
             result.vectors, result.tokens, result.truncated, result.tokenize_s, result.total_s
         )
-
-    def _check_task(self, asked: str) -> None:
-        if self.task.kind != asked:
-            does = "scores (query, document) pairs" if self.task.kind == "score" else "embeds texts"
-            wanted = "scoring pairs" if asked == "score" else "embedding texts"
-            raise WrongModelTask(
-                f"model {self.spec.name!r} {does}; it is not for {wanted}", task=self.task.kind
-            )
 
     async def _run(self, inputs: Sequence[Input], spec: OutputSpec, truncate: bool) -> EmbedResult:
         """The rows of `inputs` (texts, or pairs), finished as `spec` says."""

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from embedx.devices import token_budget
+from embedx.devices import Accelerator, token_budget
+from embedx.engine.options import EngineOptions
 from embedx.engine.outputs import FLOATS, RowForm
 from embedx.engine.replica import Replica
 from embedx.models.packing import HostBatch, bucketed_rows, pack
+from embedx.models.source import ModelFiles
 
 # The load's own batches compile kernels and fill caches, and nothing is known of their
 # expected time: never held to a deadline shorter than this.
@@ -39,6 +41,25 @@ class ProbePlan:
     budget_override: int | None  # EMBEDX_DEVICE_BATCH_TOKENS for this device
     max_batch_texts: int
     batch_timeout_s: float
+
+    @classmethod
+    def of(
+        cls,
+        options: EngineOptions,
+        files: ModelFiles,
+        length: int,
+        max_batch_texts: int,
+        accelerator: Accelerator,
+    ) -> ProbePlan:
+        """The plan for a model of `length` tokens on `accelerator`, as the settings say."""
+        return cls(
+            length=length,
+            vocab=int(files.config.get("vocab_size") or 1000),
+            max_batch_tokens=options.max_batch_tokens,
+            budget_override=(options.device_batch_tokens or {}).get(accelerator.info.key),
+            max_batch_texts=max_batch_texts,
+            batch_timeout_s=options.batch_timeout_s,
+        )
 
     def most_texts(self, budget: int) -> int:
         """The most texts a batch of `budget` tokens can hold: max_batch_texts, and half the
