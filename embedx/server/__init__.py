@@ -1,1 +1,1 @@
-"""The HTTP server: OpenAI and TEI embedding APIs over the registry, served in-process."""
+"""The HTTP server: the OpenAI, TEI, Cohere and infinity APIs over the registry, in-process."""
