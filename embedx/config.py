@@ -41,7 +41,7 @@ def _setting(default: Any, parse: Callable[[object], Any], help: str, shown: str
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Every operator setting. The README's configuration table is rendered from these fields."""
+    """Every operator setting. docs/configuration.md's table is rendered from these fields."""
 
     host: str = _setting(
         "127.0.0.1", values.host, "IP address to bind. Beyond loopback, set an API key."
@@ -99,8 +99,8 @@ class Settings:
     default_model: str | None = _setting(
         None,
         values.optional(values.string),
-        "Catalog model (with a pooling) for /embed requests that name none, as TEI's clients "
-        "send them.",
+        "Catalog model for requests that name none, as TEI's clients send them: /embed's, "
+        "and /rerank's and /predict's where it scores (else the first scorer preloaded).",
         "the first of EMBEDX_PRELOAD",
     )
     models_file: Path | None = _setting(
@@ -299,7 +299,7 @@ def load_settings(
 
 
 def settings_table() -> str:
-    """The README's configuration table, rendered from Settings so the two cannot drift."""
+    """docs/configuration.md's table (and the README's rows of it), rendered from Settings."""
     lines = ["| variable | default | meaning |", "|---|---|---|"]
     for f in dataclasses.fields(Settings):
         shown = f.metadata["shown"]
