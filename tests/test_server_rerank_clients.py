@@ -1,5 +1,6 @@
 """Real rerank clients, unchanged but for the base URL, against a real server: Cohere's SDK (its
-v2 client) and infinity's client (rerank and classify); and a client that leaves."""
+v2 client), LangChain's Cohere reranker, infinity's client (rerank and classify); and a client
+that leaves."""
 
 from __future__ import annotations
 
@@ -65,6 +66,25 @@ def test_the_cohere_sdks_v2_rerank_gets_the_cross_encoders_order(
     assert [r.index for r in answer.results] == [int(i) for i in np.argsort(-expected)[:4]]
     scores = [r.relevance_score for r in answer.results]
     assert scores == pytest.approx(sorted(expected)[::-1][:4], abs=1e-5)
+
+
+def test_langchains_cohere_reranker_keeps_the_cross_encoders_best_documents(
+    server: Server, tiny_classifiers: dict[str, Path], reference_texts: list[str]
+) -> None:
+    from langchain_cohere import CohereRerank
+    from langchain_core.documents import Document
+    from pydantic import SecretStr
+
+    documents = reference_texts[:10]
+    expected = cross_encoder_scores(tiny_classifiers["bert-1"], [(QUERY, d) for d in documents])
+    key = SecretStr("unused")
+    reranker = CohereRerank(cohere_api_key=key, base_url=server.url, model="reranker", top_n=3)
+    kept = reranker.compress_documents(
+        [Document(page_content=d, metadata={"at": i}) for i, d in enumerate(documents)], QUERY
+    )
+    assert [d.metadata["at"] for d in kept] == [int(i) for i in np.argsort(-expected)[:3]]
+    scores = [d.metadata["relevance_score"] for d in kept]
+    assert scores == pytest.approx(sorted(expected)[::-1][:3], abs=1e-5)
 
 
 def test_infinitys_client_reranks_and_classifies(
