@@ -155,7 +155,9 @@ async def open_engine(
 ) -> Any:
     """An embedx engine for a model directory on `devices` (as EMBEDX_DEVICES spells them;
     None: every device found), at `tokens` tokens a batch; `name` (default: the devices) is
-    what its logs call it."""
+    what its logs call it. The process's collector is tuned as `embedx serve` tunes it
+    (embedx.heap.manage): the figures are the engine's as served."""
+    from embedx import heap
     from embedx.config import load_settings
     from embedx.devices import discover
     from embedx.engine import EngineOptions, open_engine
@@ -176,6 +178,7 @@ async def open_engine(
         max_seq_len=length,
     )
     options = EngineOptions(max_batch_tokens=tokens)
+    heap.manage()
     return await open_engine(spec, resolve(str(directory)), discover(settings), options)
 
 

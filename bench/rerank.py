@@ -94,8 +94,9 @@ def latency(seconds: list[float]) -> dict[str, float]:
 def run_library(
     directory: Path, requests: list[tuple[str, list[str]]], tokens: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    from embedx import Reranker
+    from embedx import Reranker, heap
 
+    heap.manage()  # the process's collector tuned as `embedx serve` tunes it
     pairs = pairs_of(requests)
     with Reranker(str(directory), max_batch_tokens=args.max_batch_tokens) as reranker:
         reranker.predict(pairs)  # warm: every batch shape the run meets
