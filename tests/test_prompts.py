@@ -156,6 +156,8 @@ def test_the_library_fills_the_slot_as_the_server_does(models_file: Path) -> Non
         assert np.array_equal(asyncio.run(awaited()), wrapped)
         with pytest.raises(InvalidOption, match="has no \\{instruction\\} slot"):
             instructed.embed(asked, instruction=task, input_type="search_document")
+        with pytest.raises(InvalidOption, match="instruction is not valid Unicode"):
+            instructed.embed(asked, instruction="Find \udcff")
 
 
 def prompts(st_prompts: dict[str, str], source: str = "somewhere", **spec: Any) -> Prompts:

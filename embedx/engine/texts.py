@@ -125,6 +125,14 @@ class Prompts:
                 f"{MAX_INSTRUCTION} are taken",
                 param="instruction",
             )
+        if not instruction.isascii():  # a lone surrogate would fail the tokenizer namelessly
+            try:
+                instruction.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidOption(
+                    f"instruction is not valid Unicode: {exc.reason} at character {exc.start}",
+                    param="instruction",
+                ) from None
 
     def wrap(
         self, texts: Sequence[str], input_type: str | None, instruction: str | None = None
