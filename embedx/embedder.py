@@ -45,10 +45,15 @@ class Embedder(LocalModel):
         normalize: bool | None = None,
         input_type: str | None = None,
         truncate: bool = True,
+        instruction: str | None = None,
     ) -> np.ndarray:
         """(N, D) float32 vectors in the order of `texts` (a single string gives (1, D)).
+        `input_type` picks the model's prompt (query, passage, document, Cohere's, or any
+        prompt name of its own); `instruction` fills its query prompt's {instruction} slot.
         Interrupting it (Ctrl-C) drops the texts it has not embedded yet."""
-        return self._call(self._embed(texts, dimensions, normalize, input_type, truncate))
+        return self._call(
+            self._embed(texts, dimensions, normalize, input_type, truncate, instruction)
+        )
 
     async def aembed(
         self,
@@ -58,10 +63,13 @@ class Embedder(LocalModel):
         normalize: bool | None = None,
         input_type: str | None = None,
         truncate: bool = True,
+        instruction: str | None = None,
     ) -> np.ndarray:
         """`embed` for async code: awaits the engine on its own loop, from any other loop.
         Cancelling it drops the texts it has not embedded yet."""
-        return await self._await(self._embed(texts, dimensions, normalize, input_type, truncate))
+        return await self._await(
+            self._embed(texts, dimensions, normalize, input_type, truncate, instruction)
+        )
 
     async def _embed(
         self,
@@ -70,11 +78,12 @@ class Embedder(LocalModel):
         normalize: bool | None,
         input_type: str | None,
         truncate: bool,
+        instruction: str | None,
     ) -> np.ndarray:
         batch = [texts] if isinstance(texts, str) else texts
         if isinstance(batch, Sequence):  # else the engine says what texts must be
             check_unicode(batch)
         check_flag("normalize", normalize, unset_ok=True)
         check_flag("truncate", truncate)
-        options = EmbedOptions(dimensions, normalize, truncate, input_type)
+        options = EmbedOptions(dimensions, normalize, truncate, input_type, instruction=instruction)
         return (await self._engine.embed(batch, options)).vectors

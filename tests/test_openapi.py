@@ -72,6 +72,13 @@ def request_schema(spec: dict[str, Any], path: str) -> dict[str, Any]:
         ("/embed", {"model": "", "inputs": "x"}),
         ("/embed", {"model": "m", "inputs": "x", "truncation_direction": None}),
         ("/embed", {"model": "m", "inputs": "x", "options": {}}),  # ignored, as TEI does
+        ("/v1/embeddings", {"model": "m", "input": "x", "input_type": "search_query"}),
+        ("/v1/embeddings", {"model": "m", "input": "x", "input_type": ""}),
+        ("/v1/embeddings", {"model": "m", "input": "x", "instruction": "i" * 4096}),
+        ("/v1/embeddings", {"model": "m", "input": "x", "instruction": "i" * 4097}),
+        ("/embed", {"model": "m", "inputs": "x", "prompt_name": "classification"}),
+        ("/embed", {"model": "m", "inputs": "x", "input_type": 5}),  # not TEI's: ignored
+        ("/embed", {"model": "m", "inputs": "x", "instruction": 5}),
     ],
 )
 @pytest.mark.anyio

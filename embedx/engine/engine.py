@@ -157,7 +157,7 @@ class Engine:
         Nothing stays resident if any step fails."""
         task, token_types = _task(spec, files)
         pooling = spec.pooling if task.kind == "embed" else None
-        prompted = bool(spec.prompts or files.st_prompts or options.wrapping)
+        prompted = Prompts.of(spec, files, options.wrapping).wraps
         length = checked_length(spec, task, pooling, files, prompted)
         tokenizer = await open_tokenizer(
             spec, files, length, pairs=task.kind == "score", token_types=token_types
@@ -276,7 +276,7 @@ class Engine:
             base64=options.base64,
             sink=options.sink,
         )
-        texts = self.prompts.wrap(texts, options.input_type)
+        texts = self.prompts.wrap(texts, options.input_type, options.instruction)
         return await self._run(texts, spec, options.truncate)
 
     async def score(

@@ -22,9 +22,10 @@ class EmbedOptions:
     dimensions: int | None = None
     normalize: bool | None = None  # None: the server's EMBEDX_NORMALIZE
     truncate: bool = True  # False: an over-long text is an error, not cut
-    input_type: str | None = None  # picks a prompt template: query or passage
+    input_type: str | None = None  # picks a prompt (models/prompts.py's INPUT_TYPES)
     base64: bool = False  # rows as base64 of their float32 bytes (engine/base64_rows.py)
     sink: RowSink | None = None  # with base64: where the rows go (outputs.RowSink)
+    instruction: str | None = None  # fills the prompt's {instruction} slot; None: its default
 
 
 @dataclass(frozen=True, slots=True)

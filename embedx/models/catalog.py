@@ -13,10 +13,10 @@ from typing import Any
 
 from embedx.errors import ConfigError, InvalidOption
 from embedx.models.pooling import Pooling
+from embedx.models.prompts import MAX_INSTRUCTION, Template
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 IMPLEMENTATIONS = ("auto", "native", "transformers")
-INPUT_TYPES = ("query", "passage")
 
 
 def check_dtype(value: str, param: str = "dtype") -> str:
@@ -42,8 +42,9 @@ class ModelSpec:
     dtype: str = "auto"
     max_seq_len: int | None = None
     keep_alive_s: float | None = None
-    prompts: dict[str, str] = field(default_factory=dict)  # input_type -> template
+    prompts: dict[str, str] = field(default_factory=dict)  # prompt name -> template
     default_input_type: str | None = None
+    default_instruction: str | None = None  # what fills a template's {instruction} slot
     implementation: str = "auto"  # `loader.chosen_config` says what each value picks
 
     def __post_init__(self) -> None:
@@ -54,18 +55,30 @@ class ModelSpec:
                 + ", ".join(IMPLEMENTATIONS),
                 param="implementation",
             )
-        for input_type, template in self.prompts.items():
-            if input_type not in INPUT_TYPES:
-                raise InvalidOption(
-                    f"prompt {input_type!r} is not one of {', '.join(INPUT_TYPES)}",
-                    param="prompts",
-                )
-            check_template(template, f"prompts.{input_type}")
+        templates = [Template.parse(text, f"prompts.{name}") for name, text in self.prompts.items()]
         if self.default_input_type is not None and self.default_input_type not in self.prompts:
             raise InvalidOption(
                 f"default_input_type {self.default_input_type!r} has no prompt template",
                 param="default_input_type",
             )
+        slotted = any(template.instructed for template in templates)
+        if slotted and self.default_instruction is None:
+            raise InvalidOption(
+                "a prompt with an {instruction} slot needs a default_instruction, for requests "
+                "that send none",
+                param="default_instruction",
+            )
+        if self.default_instruction is not None:
+            if not slotted:
+                raise InvalidOption(
+                    "default_instruction is set, but no prompt has an {instruction} slot",
+                    param="default_instruction",
+                )
+            if len(self.default_instruction) > MAX_INSTRUCTION:
+                raise InvalidOption(
+                    f"default_instruction is over {MAX_INSTRUCTION} characters",
+                    param="default_instruction",
+                )
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise InvalidOption("max_seq_len must be at least 2", param="max_seq_len")
         if self.keep_alive_s is not None and not 0 <= self.keep_alive_s < math.inf:
@@ -91,6 +104,7 @@ ENTRY_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "keep_alive_s": ((int, float), "a number of seconds"),
     "prompts": ((dict,), 'a table such as {query = "query: {text}"}'),
     "default_input_type": ((str,), "a string"),
+    "default_instruction": ((str,), "a string"),
     "implementation": ((str,), "a string"),
 }
 

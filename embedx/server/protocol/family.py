@@ -20,10 +20,11 @@ from embedx.errors import (
     TooManyItems,
     UnsupportedMediaType,
 )
-from embedx.models.catalog import DTYPES, INPUT_TYPES
+from embedx.models.catalog import DTYPES
 from embedx.models.pooling import Pooling
+from embedx.models.prompts import INPUT_TYPES, MAX_INSTRUCTION
 from embedx.registry import LoadRequest
-from embedx.server.protocol.fields import Choice, Duration, Integer, Option
+from embedx.server.protocol.fields import Choice, Duration, Integer, Option, Text
 from embedx.untrusted import shown
 
 MAX_NAMED_FIELDS = 5  # of the unknown fields a message lists
@@ -34,6 +35,7 @@ MAX_MODEL_NAME = 1024
 # Python's `re` and the document's ECMA-262 patterns: no shorthand whose meaning differs.
 CONTROL = r"\x00-\x1f\x7f-\x9f"
 CONTROL_CHARACTER = re.compile(f"[{CONTROL}]")
+MAX_PROMPT_NAME = 256  # characters: an input type, or a name of a model's own prompts
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,15 +49,20 @@ class Family:
     closed: bool  # unknown fields are refused (else ignored)
     options: dict[str, Option]
     notes: dict[str, str] = field(default_factory=dict)
-    synonym: tuple[str, str] | None = None  # two choices of one thing: both given, they agree
 
     def fields(self) -> set[str]:
         return {"model", self.texts, *self.options}
 
 
+# An input type (`INPUT_TYPES`) or a prompt of the model's own: which, only the model knows
+PROMPT_NAME = Text(1, MAX_PROMPT_NAME)
+PROMPT_NOTE = ("The model's prompt for the texts: " + ", ".join(INPUT_TYPES)
+               + " (docs/api.md says which prompt each takes), or any prompt name of its own "
+               "(its catalog entry's, else its sentence-transformers config's); another is a "
+               "400 naming those the model takes.")  # fmt: skip
 SHARED: dict[str, Option] = {  # both embedding families'
     "dimensions": Integer(1),
-    "input_type": Choice(INPUT_TYPES),
+    "instruction": Text(longest=MAX_INSTRUCTION),
     "pooling": Choice(tuple(p.value for p in Pooling)),
     "dtype": Choice(DTYPES),
     "max_seq_len": Integer(2),  # a text's tokens with its special ones: two at least
@@ -64,8 +71,10 @@ SHARED: dict[str, Option] = {  # both embedding families'
 SHARED_NOTES = {
     "dimensions": "Matryoshka: keep the first N dimensions, renormalized; at most the "
                   "model's own width.",
-    "input_type": "Picks the model's prompt: its catalog entry's, else its "
-                  "sentence-transformers config's.",
+    "instruction": "Fills the {instruction} slot of the model's query prompt (the "
+                   "instruct families', or a catalog entry's); with no input_type, the texts "
+                   "are queries. Unset: the model's default_instruction. A model without a "
+                   "slot is a 400.",
     "pooling": "Required on a model's first load unless the catalog states it; never "
                "guessed. A different pooling for a loaded model is a 409.",
     "dtype": "First load only. auto: bfloat16 on GPUs that have it, float16 on older GPUs, "
@@ -102,13 +111,6 @@ def request_schema(family: Family, *, max_items: int, default_model: bool) -> di
         schema["additionalProperties"] = False
     else:
         schema["description"] = "Fields other than these are ignored, as TEI ignores them."
-    if family.synonym is not None:
-        first, second = family.synonym
-        choice = family.options[first]
-        assert isinstance(choice, Choice), "synonyms are choices"
-        schema["allOf"] = [{"if": {"required": [first], "properties": {first: {"const": value}}},
-                            "then": {"properties": {second: {"enum": [value, None]}}}}
-                           for value in choice.values]  # fmt: skip
     return schema
 
 
@@ -128,6 +130,7 @@ class EmbedRequest:
     load: LoadRequest
     dimensions: int | None = None
     input_type: str | None = None
+    instruction: str | None = None
     base64: bool = False  # OpenAI: encoding_format
     normalize: bool | None = None  # TEI
     truncate: bool = True  # TEI: false makes an over-long text an error
@@ -219,10 +222,6 @@ def read_options(data: dict[str, Any], family: Family) -> dict[str, Any]:
     for key, option in family.options.items():
         value = data.get(key)
         values[key] = option.default if value is None else option.read(value, key)
-    if family.synonym is not None:
-        first, second = family.synonym
-        if None not in (values[first], values[second]) and values[first] != values[second]:
-            raise InvalidOption(f"`{first}` and `{second}` disagree: send one", param=first)
     return values
 
 
@@ -249,6 +248,7 @@ def embed_request(
         ),
         dimensions=options["dimensions"],
         input_type=input_type,
+        instruction=options["instruction"],
         **own,
     )
 

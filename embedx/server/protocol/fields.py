@@ -65,16 +65,32 @@ class Flag:
 
 @dataclass(frozen=True, slots=True)
 class Text:
-    """Any string."""
+    """A string, of `shortest` to `longest` characters (as JSON Schema counts them)."""
 
+    shortest: int = 0
+    longest: int | None = None
     default: None = None
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "string"}
+        schema: dict[str, Any] = {"type": "string"}
+        if self.shortest:
+            schema["minLength"] = self.shortest
+        if self.longest is not None:
+            schema["maxLength"] = self.longest
+        return schema
 
     def read(self, value: Any, key: str) -> str:
         if not isinstance(value, str):
             raise InvalidOption(f"`{key}` must be a string", param=key)
+        if len(value) < self.shortest:
+            raise InvalidOption(
+                f"`{key}` must be at least {self.shortest} characters long", param=key
+            )
+        if self.longest is not None and len(value) > self.longest:
+            raise InvalidOption(
+                f"`{key}` is {len(value)} characters long; at most {self.longest} are taken",
+                param=key,
+            )
         return value
 
 

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from embedx.server.protocol.family import (
+    PROMPT_NAME,
+    PROMPT_NOTE,
     SHARED,
     SHARED_NOTES,
     EmbedRequest,
@@ -26,10 +28,12 @@ from embedx.server.protocol.schema import EXAMPLE_MODEL, Described, embedding, o
 OPENAI = Family("input", defaultable=False, closed=True, options={
     "encoding_format": Choice(("float", "base64"), default="float"),
     "user": Text(),
+    "input_type": PROMPT_NAME,
     **SHARED,
 }, notes={
     "model": "A catalog name (GET /v1/models), a Hugging Face repo id or a local directory.",
     "encoding_format": "base64: little-endian float32 bytes.",
+    "input_type": PROMPT_NOTE,
     **SHARED_NOTES,
 })  # fmt: skip
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from embedx.config import Settings
-from embedx.models.catalog import INPUT_TYPES
 from embedx.server.protocol.family import (
+    PROMPT_NAME,
+    PROMPT_NOTE,
     SHARED,
     SHARED_NOTES,
     EmbedRequest,
@@ -21,22 +22,23 @@ from embedx.server.protocol.fields import Choice, Flag
 from embedx.server.protocol.schema import Described, embedding
 
 # TEI ignores fields it does not read: the Inference API's `options` and `parameters`,
-# which older clients send (`parse_tei`).
+# which older clients send, and `input_type`, which other APIs' clients send (TEI's own
+# field for it is `prompt_name`).
 TEI = Family("inputs", defaultable=True, closed=False, options={
     "normalize": Flag(),  # unset: EMBEDX_NORMALIZE
     "truncate": Flag(default=False),
     "truncation_direction": Choice(("right", "Right")),  # null: right, TEI's default
-    "prompt_name": Choice(INPUT_TYPES),
+    "prompt_name": PROMPT_NAME,
     **SHARED,
 }, notes={
     "model": "Unset, null or blank: EMBEDX_DEFAULT_MODEL, else the first of EMBEDX_PRELOAD "
              "(TEI's clients name no model); required where the server has neither.",
-    "prompt_name": "The model's prompt for the texts, as input_type.",
+    "prompt_name": PROMPT_NOTE,
     "normalize": "Unset: EMBEDX_NORMALIZE (true).",
     "truncate": "false: a text over max_seq_len is a 400.",
     "truncation_direction": "Only right truncation.",
     **SHARED_NOTES,
-}, synonym=("prompt_name", "input_type"))  # fmt: skip
+})  # fmt: skip
 
 
 def tei_default(settings: Settings) -> str | None:
@@ -48,8 +50,8 @@ def tei_default(settings: Settings) -> str | None:
 def parse_tei(body: bytes, max_items: int, default_model: str | None) -> EmbedRequest:
     """POST /embed, as text-embeddings-inference defines it: a request without `model`
     (TEI serves one model, so its clients send none) goes to `default_model`, and
-    `prompt_name` picks the model's prompt as `input_type` does. Other fields are ignored, as
-    TEI ignores them."""
+    `prompt_name` picks the model's prompt. Other fields (`input_type` among them) are
+    ignored, as TEI ignores them."""
     data = json_object(body)
     options = read_options(data, TEI)
     return embed_request(
@@ -58,7 +60,7 @@ def parse_tei(body: bytes, max_items: int, default_model: str | None) -> EmbedRe
         options,
         max_items,
         model=read_model(data, TEI, default_model),
-        input_type=options["prompt_name"] or options["input_type"],
+        input_type=options["prompt_name"],
         normalize=options["normalize"],
         truncate=options["truncate"],
     )

@@ -31,6 +31,7 @@ async def embed(
         input_type=request.input_type,
         base64=request.base64,
         sink=sink,
+        instruction=request.instruction,
     )
     async with state.registry.lease(request.model, request.load) as engine, state.admission.slot():
         try:
