@@ -1,16 +1,22 @@
 """Peers' clients and tools, unchanged, against a real server: infinity's client (its model
-cards and embeddings)."""
+cards and embeddings), and TEI's metric names."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import MINILM_NAME
-from tests.support.server import Server, client, running_server
+from tests.support.server import Server, client, metric, post, running_server
+
+DOCS = Path(__file__).parent.parent / "docs" / "metrics.md"
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +50,42 @@ def test_the_openai_sdk_still_lists_and_retrieves_the_models(server: Server) -> 
     listed = {model.id: model for model in sdk.models.list()}
     assert listed[MINILM_NAME].owned_by == "embedx"
     assert sdk.models.retrieve(MINILM_NAME).id == MINILM_NAME
+
+
+def test_tei_metric_names_count_the_requests_texts_tokens_and_batches(
+    server: Server, reference_texts: list[str]
+) -> None:
+    before = httpx.get(server.url + "/metrics").text
+    answers = [post(server, "/embed", json={"inputs": reference_texts[0]}),
+               post(server, "/embed", json={"inputs": reference_texts[1:4]})]  # fmt: skip
+    refused = post(server, "/embed", json={"inputs": "word " * 1000, "truncate": False})
+    assert [a.status_code for a in answers] == [200, 200]
+    assert refused.status_code == 400
+    after = httpx.get(server.url + "/metrics").text
+
+    def grew(name: str, **labels: str) -> float:
+        return (metric(after, name, **labels) or 0) - (metric(before, name, **labels) or 0)
+
+    counted = {method: (grew("te_request_count", method=method),
+                        grew("te_request_success", method=method))
+               for method in ("single", "batch")}  # fmt: skip
+    assert counted == {"single": (2, 1), "batch": (1, 1)}  # the refused one is a single
+    assert grew("te_request_failure", err="validation") == 1
+    for timed in ("duration", "tokenization_duration", "queue_duration", "inference_duration"):
+        assert grew(f"te_request_{timed}_count") >= 2 - (timed == "queue_duration")
+    tokens = sum(int(a.headers["x-total-tokens"]) for a in answers)
+    assert grew("te_request_input_length_count") == 4
+    assert grew("te_request_input_length_sum") == tokens
+    assert grew("te_batch_next_size_sum") == 4
+    assert grew("te_batch_next_tokens_sum") == tokens
+    assert metric(after, "te_queue_size") == 0
+    assert grew("embedx_batch_items_sum", model=MINILM_NAME, device="cpu") == 4
+
+
+def test_every_tei_alias_served_is_documented_and_every_documented_one_served(
+    server: Server,
+) -> None:
+    served = {family.name for family in text_string_to_metric_families(
+        httpx.get(server.url + "/metrics").text) if family.name.startswith("te_")}  # fmt: skip
+    documented = set(re.findall(r"^\| `(te_\w+)` \|", DOCS.read_text(), re.MULTILINE))
+    assert served == documented
