@@ -1,5 +1,5 @@
 """Peers' clients and tools, unchanged, against a real server: infinity's client (its model
-cards and embeddings), and TEI's metric names."""
+cards and embeddings), TEI's metric names, /tokenize and /decode."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import MINILM_NAME
-from tests.support.server import Server, client, metric, post, running_server
+from tests.support.server import Server, assert_envelope, client, metric, post, running_server
 
 DOCS = Path(__file__).parent.parent / "docs" / "metrics.md"
 
@@ -89,3 +89,50 @@ def test_every_tei_alias_served_is_documented_and_every_documented_one_served(
         httpx.get(server.url + "/metrics").text) if family.name.startswith("te_")}  # fmt: skip
     documented = set(re.findall(r"^\| `(te_\w+)` \|", DOCS.read_text(), re.MULTILINE))
     assert served == documented
+
+
+def test_tokenize_shows_the_models_tokens_as_tei_does_with_byte_offsets_and_none_cut(
+    server: Server, minilm_dir: Path, reference_texts: list[str]
+) -> None:
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(str(minilm_dir))
+    texts = ["Ünïcödé café, naïve: 東京 costs 5€!", " ".join(reference_texts[:40])]
+    for special in (True, False):
+        answer = post(server, "/tokenize", json={"inputs": texts, "add_special_tokens": special})
+        assert answer.status_code == 200, answer.text
+        for text, tokens in zip(texts, answer.json(), strict=True):
+            expected = reference(text, add_special_tokens=special, return_offsets_mapping=True,
+                                 return_special_tokens_mask=True)  # fmt: skip
+            assert [t["id"] for t in tokens] == expected["input_ids"]  # all of them: none cut
+            for token, id_, (start, stop), is_special in zip(
+                tokens, expected["input_ids"], expected["offset_mapping"],
+                expected["special_tokens_mask"], strict=True):  # fmt: skip
+                if is_special:
+                    assert token == {"id": id_, "text": reference.convert_ids_to_tokens(id_),
+                                     "special": True, "start": None, "stop": None}  # fmt: skip
+                else:
+                    utf8 = len(text[:start].encode()), len(text[:stop].encode())
+                    assert token == {"id": id_, "text": text[start:stop], "special": False,
+                                     "start": utf8[0], "stop": utf8[1]}  # fmt: skip
+    assert len(answer.json()[1]) > 512  # past the model's length: TEI cuts nothing here
+    single = post(server, "/tokenize", json={"inputs": texts[0]}).json()
+    assert single == post(server, "/tokenize", json={"inputs": texts[:1]}).json()
+
+
+def test_decode_writes_ids_back_as_the_models_tokenizer_does(
+    server: Server, minilm_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(str(minilm_dir))
+    rows = [reference("Ünïcödé café, naïve!")["input_ids"], reference("a second text")["input_ids"]]
+    for skip in (True, False):
+        answer = post(server, "/decode", json={"ids": rows, "skip_special_tokens": skip})
+        assert answer.json() == [reference.decode(row, skip_special_tokens=skip) for row in rows]
+    assert post(server, "/decode", json={"ids": rows[0]}).json() == [
+        reference.decode(rows[0], skip_special_tokens=True)
+    ]
+    past = post(server, "/decode", json={"ids": [reference.vocab_size + 5]})
+    assert_envelope(past, 400, "invalid_input")
+    assert "vocabulary" in past.json()["error"]["message"]
