@@ -136,3 +136,24 @@ def test_decode_writes_ids_back_as_the_models_tokenizer_does(
     past = post(server, "/decode", json={"ids": [reference.vocab_size + 5]})
     assert_envelope(past, 400, "invalid_input")
     assert "vocabulary" in past.json()["error"]["message"]
+
+
+def test_docs_is_swagger_ui_from_files_this_server_serves(server: Server) -> None:
+    page = httpx.get(server.url + "/docs")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    urls = re.findall(r"""(?:src|href)=['"]([^'"]+)['"]""", page.text.split("<noscript>")[0])
+    urls += re.findall(r"url: '([^']+)'", page.text)
+    assert "openapi.json" in urls
+    assert "docs/swagger-ui-bundle.js" in urls
+    for url in urls:  # relative, as a proxy's path prefix needs, and on this server
+        assert "//" not in url, url
+        answer = httpx.get(f"{server.url}/{url}")
+        assert answer.status_code == 200, url
+    assert "validatorUrl: null" in page.text  # no call to the public validator
+    bundle = httpx.get(server.url + "/docs/swagger-ui-bundle.js")
+    assert bundle.headers["content-type"].startswith("text/javascript")
+    assert b"SwaggerUIBundle" in bundle.content
+    assert "text/css" in httpx.get(server.url + "/docs/swagger-ui.css").headers["content-type"]
+    assert httpx.get(server.url + "/docs/..%2F..%2Fpyproject.toml").status_code == 404
+    assert_envelope(httpx.get(server.url + "/docs/index.html"), 404, "not_found")

@@ -35,6 +35,7 @@ ROUTES: tuple[Route, ...] = (
     ("GET", "/metrics", admin.metrics),
     ("GET", "/openapi.json", admin.openapi_json),
     ("GET", "/docs", admin.docs),
+    ("GET", "/docs/{asset}", admin.docs_asset),
 )
 
 
