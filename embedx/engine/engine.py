@@ -46,7 +46,7 @@ from embedx.models.pooling import Pooling
 from embedx.models.task import ModelTask, task_of
 from embedx.models.tokenizer import Encoded, Input, TextTokenizer
 from embedx.scheduling import ConvergingQueue, Item, Job
-from embedx.telemetry import LATENCY_BUCKETS_S, Histogram
+from embedx.telemetry import INPUT_TOKEN_BUCKETS, LATENCY_BUCKETS_S, Histogram
 
 if TYPE_CHECKING:
     import torch
@@ -135,6 +135,7 @@ class Engine:
         self.truncated = 0
         self.requests = 0
         self.latency = Histogram(LATENCY_BUCKETS_S)
+        self.input_tokens = Histogram(INPUT_TOKEN_BUCKETS)  # each text's, as it is embedded
         self._jobs_in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -246,6 +247,7 @@ class Engine:
             # it (the devices' counts of batches and tokens include its one batch)
             self.requests = 0
             self.latency = Histogram(LATENCY_BUCKETS_S)
+            self.input_tokens = Histogram(INPUT_TOKEN_BUCKETS)
         vector = vectors[0]
         if not np.isfinite(vector).all() or not np.any(vector):
             raise SmokeTestFailed(
@@ -337,6 +339,7 @@ class Engine:
                     with heap.gc_paused():
                         self.queue.submit(job, chunk_items(job, start, encoded))
                     truncated += encoded.truncated
+                    self.input_tokens.observe_all(encoded.lengths)
         finally:
             self.queue.feeding_done(job)
         return truncated

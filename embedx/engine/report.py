@@ -30,6 +30,7 @@ class DeviceReport:
     launching_s: float  # host seconds, all launches
     padding_rows: int
     batch_tokens: Histogram = field(repr=False)
+    batch_items: Histogram = field(repr=False)
 
     @property
     def up(self) -> bool:
@@ -103,6 +104,7 @@ class EngineReport:
     padding_tokens: int
     queue_wait: Histogram = field(repr=False)  # a batch's oldest text, queued to claimed
     latency: Histogram = field(repr=False)  # an embed call to its vectors
+    input_tokens: Histogram = field(repr=False)  # each text's tokens, after truncation
     tokenizer: TokenizerReport = field(repr=False)
     devices: list[DeviceReport] = field(default_factory=list)
     skipped_devices: dict[str, str] = field(default_factory=dict)
@@ -150,6 +152,7 @@ def report_of(engine: Engine) -> EngineReport:
         padding_tokens=engine.queue.padding_tokens,
         queue_wait=engine.queue.queue_wait,
         latency=engine.latency,
+        input_tokens=engine.input_tokens,
         tokenizer=TokenizerReport(
             calls=tokenizer.calls,
             texts=tokenizer.texts,
@@ -184,4 +187,5 @@ def _device_report(engine: Engine, worker: DeviceWorker) -> DeviceReport:
         launching_s=slot.launching_s,
         padding_rows=worker.padding_rows,
         batch_tokens=worker.batch_tokens,
+        batch_items=worker.batch_items,
     )

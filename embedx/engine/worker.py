@@ -15,7 +15,7 @@ from embedx.engine.outputs import RowForm, batch_form, sole_job, write_batch
 from embedx.engine.replica import Replica
 from embedx.errors import DeviceHung
 from embedx.scheduling import Claim, ConvergingQueue, DeviceSlot
-from embedx.telemetry import TOKEN_BUCKETS, Histogram
+from embedx.telemetry import BATCH_ITEM_BUCKETS, TOKEN_BUCKETS, Histogram
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +48,7 @@ class DeviceWorker:
         self.slot = slot
         self.batch_timeout_s = batch_timeout_s
         self.batch_tokens = Histogram(TOKEN_BUCKETS)
+        self.batch_items = Histogram(BATCH_ITEM_BUCKETS)
         self.padding_rows = 0  # rows a GPU computed past the real tokens (bucketed counts)
         self._launches = 0
 
@@ -129,4 +130,5 @@ class DeviceWorker:
         rows = output.numpy()  # host memory: pinned staging, valid until the next launch
         write_batch(claim.items, batch.sole_job, rows, batch.form)
         self.batch_tokens.observe(claim.tokens)
+        self.batch_items.observe(len(claim.items))
         self.queue.complete(claim, seconds)

@@ -23,6 +23,7 @@ import numpy as np
 
 from embedx.errors import InputTooLong, InvalidInput, InvalidModel, ShuttingDown
 from embedx.models.pairs import pair_encodings, typed_ids
+from embedx.models.spans import TokenSpans
 from embedx.models.windows import Windows
 
 log = logging.getLogger("embedx.tokenizer")
@@ -90,7 +91,9 @@ class TextTokenizer:
         self._tokenizer = _load(files)
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_seq_len)
-        self.windows = Windows(_load(files), self._tokenizer, max_seq_len)
+        whole = _load(files)
+        self.windows = Windows(whole, self._tokenizer, max_seq_len)
+        self.spans = TokenSpans(whole)  # TEI's /tokenize and /decode, on the windows' copy
         # One thread makes the calls, back to back: the next starts as the last returns,
         # with whatever texts were queued meanwhile, not when the busy event loop gets to
         # the last one's result (on an H200 the server's loop thread spent about 10%

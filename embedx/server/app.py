@@ -21,6 +21,8 @@ ROUTES: tuple[Route, ...] = (
     ("GET", "/models/{path:model}", openai.retrieve_model),
     ("POST", "/embed", tei.embed_tei),
     ("POST", "/", tei.embed_tei),  # TEI's route too: clients given the bare URL post here
+    ("POST", "/tokenize", tei.tokenize_tei),
+    ("POST", "/decode", tei.decode_tei),
     ("POST", "/rerank", rerank.rerank_any),  # TEI's shape, or Cohere's and infinity's
     ("POST", "/v1/rerank", rerank.rerank_cohere_v1),
     ("POST", "/v2/rerank", rerank.rerank_cohere_v2),
@@ -33,6 +35,7 @@ ROUTES: tuple[Route, ...] = (
     ("GET", "/metrics", admin.metrics),
     ("GET", "/openapi.json", admin.openapi_json),
     ("GET", "/docs", admin.docs),
+    ("GET", "/docs/{asset}", admin.docs_asset),
 )
 
 

@@ -1,5 +1,6 @@
 """/metrics: one Prometheus collector, read at scrape time, over the guard's HTTP counts,
-admission and the registry's snapshot (its models' engine reports among it)."""
+admission and the registry's snapshot (its models' engine reports among it); and the same
+figures again under TEI's names (`te_*`, docs/metrics.md), for TEI's dashboards."""
 
 from __future__ import annotations
 
@@ -12,16 +13,25 @@ from prometheus_client.metrics_core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    UnknownMetricFamily,
 )
 from prometheus_client.registry import Collector
 
-from embedx.telemetry import Histogram
+from embedx.telemetry import (
+    BATCH_ITEM_BUCKETS,
+    INPUT_TOKEN_BUCKETS,
+    LATENCY_BUCKETS_S,
+    TOKEN_BUCKETS,
+    Histogram,
+)
 
 if TYPE_CHECKING:
     from embedx.engine.report import DeviceReport, EngineReport
     from embedx.registry import ModelRegistry
+    from embedx.registry.report import RegistryReport
     from embedx.server.admission import Admission
     from embedx.server.http_metrics import HttpMetrics
+    from embedx.server.tei_metrics import TeiMetrics
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 # A family's kind, and the class that holds its samples.
@@ -29,6 +39,9 @@ KINDS: dict[str, Callable[..., Metric]] = {
     "counter": CounterMetricFamily,
     "gauge": GaugeMetricFamily,
     "histogram": HistogramMetricFamily,
+    # TEI's counters, named as TEI's exporter names them (no _total, which a counter family
+    # here would add): Prometheus reads them alike
+    "untyped": UnknownMetricFamily,
 }
 # Per model: (metric, kind, help, value of its report); a histogram's value is a Histogram.
 MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[EngineReport], Any]], ...] = (
@@ -40,6 +53,8 @@ MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[EngineReport], Any]], ...] 
      lambda e: e.queue_wait),
     ("embedx_embed_seconds", "histogram", "From an embed call to its vectors.",
      lambda e: e.latency),
+    ("embedx_input_tokens", "histogram", "Each text's (or pair's) tokens, once truncated.",
+     lambda e: e.input_tokens),
     ("embedx_padding_tokens_total", "counter", "Padded minus real tokens of batches cut.",
      lambda e: e.padding_tokens),
     ("embedx_truncated_inputs_total", "counter", "Texts cut to the model's length.",
@@ -62,14 +77,18 @@ DEVICE_FAMILIES: tuple[tuple[str, str, str, Callable[[DeviceReport], Any]], ...]
     ("embedx_device_up", "gauge", "1 while a device serves, 0 once quarantined.",
      lambda d: int(d.up)),
     ("embedx_batch_tokens", "histogram", "Real tokens per batch.", lambda d: d.batch_tokens),
+    ("embedx_batch_items", "histogram", "Texts (or pairs) per batch.", lambda d: d.batch_items),
 )  # fmt: skip
 
 
 class ServerCollector(Collector):
     """Every embedx metric, read when Prometheus scrapes: nothing is copied in between."""
 
-    def __init__(self, http: HttpMetrics, registry: ModelRegistry, admission: Admission) -> None:
+    def __init__(
+        self, http: HttpMetrics, tei: TeiMetrics, registry: ModelRegistry, admission: Admission
+    ) -> None:
         self.http = http
+        self.tei = tei
         self.registry = registry
         self.admission = admission
 
@@ -154,15 +173,51 @@ class ServerCollector(Collector):
                 for device in report.devices:
                     _add(family, (name, device.device), of_device(device))
             yield family
+        yield from tei_families(self.tei, registry)
+
+
+def tei_families(tei: TeiMetrics, registry: RegistryReport) -> Iterator[Metric]:
+    """TEI's metrics, with TEI's labels: its per-request counts and times as TEI keeps them,
+    and aliases of embedx's figures summed over models and devices (TEI serves one model)."""
+    for name, label, counts, help_text in (
+        ("te_request_count", "method", tei.requests, "Requests: single (one input) or batch."),
+        ("te_request_success", "method", tei.successes, "Requests answered."),
+        ("te_request_failure", "err", tei.failures, "Requests failed, by TEI's reason."),
+    ):
+        family = _family(name, "untyped", help_text, (label,))
+        for value, count in sorted(counts.items()):
+            _add(family, (value,), count)
+        yield family
+    yield _single("te_request_duration", "histogram", "A request's embed or score call, whole.",
+                  tei.duration)  # fmt: skip
+    yield _single("te_request_tokenization_duration", "histogram",
+                  "A request's tokenizing (and submitting).", tei.tokenization)  # fmt: skip
+    yield _single("te_request_inference_duration", "histogram",
+                  "A request's time from tokenized to done, its queueing included.",
+                  tei.inference)  # fmt: skip
+    engines = [report for _, report in registry.engines]
+    devices = [device for report in engines for device in report.devices]
+    merged = Histogram.merged
+    yield _single("te_request_queue_duration", "histogram",
+                  "As embedx_queue_wait_seconds: a batch's oldest text, queued to claimed.",
+                  merged((e.queue_wait for e in engines), LATENCY_BUCKETS_S))  # fmt: skip
+    yield _single("te_request_input_length", "histogram", "As embedx_input_tokens.",
+                  merged((e.input_tokens for e in engines), INPUT_TOKEN_BUCKETS))  # fmt: skip
+    yield _single("te_queue_size", "gauge", "As embedx_queue_items.",
+                  sum(e.queue_items for e in engines))  # fmt: skip
+    yield _single("te_batch_next_size", "histogram", "As embedx_batch_items.",
+                  merged((d.batch_items for d in devices), BATCH_ITEM_BUCKETS))  # fmt: skip
+    yield _single("te_batch_next_tokens", "histogram", "As embedx_batch_tokens.",
+                  merged((d.batch_tokens for d in devices), TOKEN_BUCKETS))  # fmt: skip
 
 
 def metrics_registry(
-    http: HttpMetrics, registry: ModelRegistry, admission: Admission
+    http: HttpMetrics, tei: TeiMetrics, registry: ModelRegistry, admission: Admission
 ) -> CollectorRegistry:
     """The app's own registry of metrics (not prometheus_client's process-wide one), holding
     the one collector."""
     metrics = CollectorRegistry(auto_describe=False)
-    metrics.register(ServerCollector(http, registry, admission))
+    metrics.register(ServerCollector(http, tei, registry, admission))
     return metrics
 
 
@@ -186,7 +241,9 @@ def _add(family: Metric, labels: tuple[str, ...], value: float | Histogram) -> N
         assert isinstance(family, HistogramMetricFamily), "a histogram's value is a Histogram"
         family.add_metric(list(labels), _buckets(value), value.total)
     else:
-        assert isinstance(family, CounterMetricFamily | GaugeMetricFamily), family
+        assert isinstance(family, CounterMetricFamily | GaugeMetricFamily | UnknownMetricFamily), (
+            family
+        )
         family.add_metric(list(labels), value)
 
 

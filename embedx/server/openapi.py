@@ -1,5 +1,7 @@
 """The API's OpenAPI document, put together from each family's description of its own
-operations (`protocol`), and /docs: the same, as one self-contained page (no CDN)."""
+operations (`protocol`), and /docs: Swagger UI over it, from files this server serves
+(`swagger.py`, no CDN), with the same description as plain HTML for a browser without
+JavaScript."""
 
 from __future__ import annotations
 
@@ -43,13 +45,25 @@ def openapi_spec(*, keyed: bool, max_items: int, default_model: bool) -> dict[st
     return spec
 
 
+# Swagger UI, its URLs relative to /docs (so a proxy's path prefix keeps working): the
+# document from /openapi.json, and no validator badge (by default it calls a public one)
+SWAGGER_UI = """<link rel='stylesheet' href='docs/swagger-ui.css'>
+<link rel='icon' type='image/png' href='docs/favicon-32x32.png'>
+<script src='docs/swagger-ui-bundle.js'></script>
+<script>window.onload = () => { window.ui = SwaggerUIBundle({
+  url: 'openapi.json', dom_id: '#swagger-ui', deepLinking: true, validatorUrl: null,
+  presets: [SwaggerUIBundle.presets.apis], layout: 'BaseLayout' }); };</script>"""
+
+
 @functools.cache
 def docs_page(*, keyed: bool, max_items: int, default_model: bool) -> str:
     spec = openapi_spec(keyed=keyed, max_items=max_items, default_model=default_model)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>embedx API</title>",
-        "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
-        "pre{background:#f4f4f4;padding:1em;overflow:auto}</style></head><body>",
+        SWAGGER_UI,
+        "<style>noscript{display:block;font-family:sans-serif;max-width:60em;margin:2em auto;"
+        "padding:0 1em} pre{background:#f4f4f4;padding:1em;overflow:auto}</style></head><body>",
+        "<div id='swagger-ui'></div><noscript>",
         f"<h1>embedx {html.escape(spec['info']['version'])}</h1>",
         f"<p>{html.escape(spec['info']['description'])} "
         "Machine-readable: <a href='/openapi.json'>/openapi.json</a>.</p>",
@@ -65,7 +79,7 @@ def docs_page(*, keyed: bool, max_items: int, default_model: bool) -> str:
                 content: dict[str, Any] = next(iter(response.get("content", {}).values()), {})
                 parts.append(f"<h3>{status}: {html.escape(response['description'])}</h3>")
                 parts.append("<pre>" + _pretty(content.get("schema", {})) + "</pre>")
-    parts.append("</body></html>")
+    parts.append("</noscript></body></html>")
     return "".join(parts)
 
 

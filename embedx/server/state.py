@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from embedx.server.admission import Admission, ByteBudget
 from embedx.server.http_metrics import HttpMetrics
 from embedx.server.metrics import metrics_registry
+from embedx.server.tei_metrics import TeiMetrics
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -27,6 +28,7 @@ class ServerState:
     devices: list[DeviceInfo]
     admission: Admission
     http: HttpMetrics = field(default_factory=HttpMetrics)
+    tei: TeiMetrics = field(default_factory=TeiMetrics)
     started_at: float = field(default_factory=time.time)
     draining: bool = False
     # the tasks of HTTP requests whose body is in, until their response: the work a stop
@@ -44,7 +46,7 @@ class ServerState:
         self.bodies = ByteBudget(
             self.settings.max_body_bytes_in_flight, self.settings.request_queue_timeout_s
         )
-        self.metrics = metrics_registry(self.http, self.registry, self.admission)
+        self.metrics = metrics_registry(self.http, self.tei, self.registry, self.admission)
 
     @property
     def in_flight(self) -> int:

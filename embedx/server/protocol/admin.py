@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from embedx.server.protocol.schema import ERROR, Described, operation
+from embedx.server.swagger import ASSETS
 
 HEALTH = {
     "type": "object",
@@ -42,6 +43,20 @@ def operations(server: Described) -> dict[str, dict[str, Any]]:
         "/metrics": {"get": operation("Prometheus metrics", {"type": "string"},
                                       media="text/plain", keyed=keyed)},
         "/openapi.json": {"get": operation("This description", {"type": "object"}, keyed=keyed)},
-        "/docs": {"get": operation("This description as a page", {"type": "string"},
+        "/docs": {"get": operation("This description as a page: Swagger UI", {"type": "string"},
                                    media="text/html", keyed=keyed)},
+        "/docs/{asset}": {"get": _asset(keyed)},
     }  # fmt: skip
+
+
+def _asset(keyed: bool) -> dict[str, Any]:
+    """One of Swagger UI's files, as /docs loads them."""
+    described = operation("Swagger UI's files, as /docs loads them", {"type": "string"},
+                          errors=(404,), keyed=keyed)  # fmt: skip
+    described["responses"]["200"]["content"] = {
+        media.split(b";")[0].decode(): {"schema": {"type": "string"}}
+        for media in dict.fromkeys(ASSETS.values())
+    }
+    described["parameters"] = [{"name": "asset", "in": "path", "required": True,
+                                "schema": {"enum": list(ASSETS)}}]  # fmt: skip
+    return described

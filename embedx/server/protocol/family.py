@@ -253,6 +253,11 @@ def embed_request(
     )
 
 
+def read_texts(data: dict[str, Any], family: Family, max_items: int) -> list[str]:
+    """The family's texts: a string, or a list of at most `max_items` strings, none empty."""
+    return _texts(data.get(family.texts), family.texts, max_items)
+
+
 def _texts(value: Any, param: str, max_items: int) -> list[str]:
     if value is None:
         raise EmptyInput(f"`{param}` is required: a string or a list of strings", param=param)

@@ -22,7 +22,7 @@ from embedx.server.protocol.family import (
     read_options,
     refuse_unknown,
 )
-from embedx.server.protocol.fields import Choice, Text
+from embedx.server.protocol.fields import Choice, Integer, Text
 from embedx.server.protocol.schema import EXAMPLE_MODEL, Described, embedding, operation
 
 OPENAI = Family("input", defaultable=False, closed=True, options={
@@ -37,18 +37,31 @@ OPENAI = Family("input", defaultable=False, closed=True, options={
     **SHARED_NOTES,
 })  # fmt: skip
 
+# infinity's path for it: its client sends `modality` and `dimensions: 0` (the model's width)
+INFINITY = Family("input", defaultable=False, closed=True, options={
+    **OPENAI.options,
+    "dimensions": Integer(0),
+    "modality": Choice(("text",)),
+}, notes={
+    **OPENAI.notes,
+    "dimensions": f"0 (infinity's default) keeps them all. {SHARED_NOTES['dimensions']}",
+    "modality": "infinity's: embedx embeds text.",
+})  # fmt: skip
 
-def parse_openai(body: bytes, max_items: int) -> EmbedRequest:
-    """POST /v1/embeddings, as the OpenAI API defines it, plus embedx's load fields."""
+
+def parse_openai(body: bytes, max_items: int, family: Family = OPENAI) -> EmbedRequest:
+    """POST /v1/embeddings, as the OpenAI API defines it, plus embedx's load fields (or
+    POST /embeddings, as infinity's client sends it, with `family` INFINITY)."""
     data = json_object(body)
-    refuse_unknown(data, OPENAI)
-    options = read_options(data, OPENAI)
+    refuse_unknown(data, family)
+    options = read_options(data, family)
+    options["dimensions"] = options["dimensions"] or None  # infinity's 0: all of them
     return embed_request(
         data,
-        OPENAI,
+        family,
         options,
         max_items,
-        model=read_model(data, OPENAI, None),
+        model=read_model(data, family, None),
         input_type=options["input_type"],
         base64=options["encoding_format"] == "base64",
     )
@@ -70,14 +83,23 @@ RESPONSE = {
                                  "total_tokens": {"type": "integer"}}},
     },
 }  # fmt: skip
-MODEL = {
+MODEL = {  # OpenAI's card, with embedx's fields and infinity's (its client needs `stats`)
     "type": "object",
-    "required": ["id", "object", "created", "owned_by", "resident", "pooling", "dimensions"],
+    "required": ["id", "object", "created", "owned_by", "resident", "pooling", "dimensions",
+                 "backend", "capabilities", "stats"],
     "properties": {
         "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
-        "owned_by": {"type": "string"}, "resident": {"type": "boolean"},
+        "owned_by": {"enum": ["embedx", "infinity"],
+                     "description": "infinity on infinity's paths, as its client requires"},
+        "resident": {"type": "boolean"},
         "pooling": {"enum": ["cls", "mean", "last_token", None]},
         "dimensions": {"type": ["integer", "null"], "description": "null until loaded"},
+        "backend": {"type": "string", "description": "the implementation; empty until loaded"},
+        "capabilities": {"type": "array", "items": {"enum": ["embed", "rerank", "classify"]},
+                         "description": "as infinity names them; empty until loaded"},
+        "stats": {"type": "object", "description": "empty until loaded", "properties": {
+            "queue_absolute": {"type": "integer", "description": "texts or pairs queued"},
+            "queue_tokens": {"type": "integer", "description": "their tokens"}}},
     },
 }  # fmt: skip
 MODELS = {
@@ -106,6 +128,9 @@ def operations(server: Described) -> dict[str, dict[str, Any]]:
             method: {**described, "summary": f"As {path}: infinity's path (a base URL without /v1)"}
             for method, described in paths[path].items()
         }
+    paths["/embeddings"]["post"] = embedding(
+        "As /v1/embeddings, with what infinity's client sends: infinity's path", RESPONSE,
+        INFINITY, server)  # fmt: skip
     return paths
 
 

@@ -3,9 +3,11 @@ of requests that name none, the response's shape and the description of its oper
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from embedx.config import Settings
+from embedx.errors import EmptyInput, InvalidInput, TooManyItems
 from embedx.server.protocol.family import (
     PROMPT_NAME,
     PROMPT_NOTE,
@@ -17,9 +19,11 @@ from embedx.server.protocol.family import (
     json_object,
     read_model,
     read_options,
+    read_texts,
+    request_schema,
 )
 from embedx.server.protocol.fields import Choice, Flag
-from embedx.server.protocol.schema import Described, embedding
+from embedx.server.protocol.schema import EMBEDDING, EXAMPLE_MODEL, Described, embedding, operation
 
 # TEI ignores fields it does not read: the Inference API's `options` and `parameters`,
 # which older clients send, and `input_type`, which other APIs' clients send (TEI's own
@@ -68,6 +72,138 @@ def parse_tei(body: bytes, max_items: int, default_model: str | None) -> EmbedRe
 
 VECTORS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
 
+MODEL_NOTE = TEI.notes["model"]
+TOKENIZE = Family("inputs", defaultable=True, closed=False, options={
+    "add_special_tokens": Flag(default=True),
+    "prompt_name": TEI.options["prompt_name"],
+}, notes={
+    "model": MODEL_NOTE,
+    "inputs": "Tokenized whole, not truncated, each as its embedding would be prompted.",
+    "prompt_name": "The model's prompt for the texts; unset, its default prompt if any.",
+})  # fmt: skip
+DECODE = Family("ids", defaultable=True, closed=False, options={
+    "skip_special_tokens": Flag(default=True),
+}, notes={"model": MODEL_NOTE})  # fmt: skip
+MAX_ID = 2**32 - 1  # TEI's ids are u32
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    model: str
+    texts: list[str]
+    add_special_tokens: bool
+    prompt_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    model: str
+    ids: list[list[int]]
+    skip_special_tokens: bool
+
+
+def parse_tokenize(body: bytes, max_items: int, default_model: str | None) -> TokenizeRequest:
+    """POST /tokenize, as TEI defines it; a request naming no model goes to `default_model`."""
+    data = json_object(body)
+    options = read_options(data, TOKENIZE)
+    return TokenizeRequest(
+        model=read_model(data, TOKENIZE, default_model),
+        texts=read_texts(data, TOKENIZE, max_items),
+        add_special_tokens=options["add_special_tokens"],
+        prompt_name=options["prompt_name"],
+    )
+
+
+def parse_decode(body: bytes, max_items: int, default_model: str | None) -> DecodeRequest:
+    """POST /decode, as TEI defines it: `ids`, one list of token ids or a list of them."""
+    data = json_object(body)
+    options = read_options(data, DECODE)
+    return DecodeRequest(
+        model=read_model(data, DECODE, default_model),
+        ids=_ids(data.get("ids"), max_items),
+        skip_special_tokens=options["skip_special_tokens"],
+    )
+
+
+def _ids(value: Any, max_items: int) -> list[list[int]]:
+    if value is None:
+        raise EmptyInput("`ids` is required: a list of token ids, or a list of them", param="ids")
+    if not isinstance(value, list):
+        raise InvalidInput("`ids` must be a list of token ids, or a list of them", param="ids")
+    if not value:
+        raise EmptyInput("`ids` is empty: send at least one token id", param="ids")
+    rows = value if isinstance(value[0], list) else [value]
+    if len(rows) > max_items:
+        raise TooManyItems(
+            f"`ids` has {len(rows)} lists; at most {max_items} are allowed per request "
+            "(EMBEDX_MAX_REQUEST_ITEMS): split it",
+            param="ids",
+        )
+    return [_row(row, i) for i, row in enumerate(rows)]
+
+
+def _row(row: Any, at: int) -> list[int]:
+    if not isinstance(row, list) or not row:
+        raise InvalidInput(f"`ids[{at}]` must be a non-empty list of token ids", param="ids")
+    if set(map(type, row)) == {int} and min(row) >= 0 and max(row) <= MAX_ID:
+        return row  # the usual list, checked without a Python step an id
+    ids = []
+    for token in row:
+        if isinstance(token, float) and token.is_integer():
+            token = int(token)  # JSON Schema's integer, as `Integer` reads it
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= MAX_ID:
+            raise InvalidInput(
+                f"`ids[{at}]` holds {token!r}: a token id is an integer from 0 to {MAX_ID}",
+                param="ids",
+            )
+        ids.append(token)
+    return ids
+
+
+TOKENS = {"type": "array", "description": "Each input's tokens", "items": {
+    "type": "array", "items": {
+        "type": "object", "required": ["id", "text", "special", "start", "stop"],
+        "properties": {
+            "id": {"type": "integer"}, "text": {"type": "string"}, "special": {"type": "boolean"},
+            "start": {"type": ["integer", "null"],
+                      "description": "In the text's UTF-8 bytes (its prompt's included); "
+                                     "null for a special token"},
+            "stop": {"type": ["integer", "null"]}}}}}  # fmt: skip
+TEXTS = {"type": "array", "items": {"type": "string"}, "description": "Each list's text"}
+
+
+def _decode_schema(server: Described) -> dict[str, Any]:
+    schema = request_schema(DECODE, max_items=server.max_items, default_model=server.default_model)
+    token = {"type": "integer", "minimum": 0, "maximum": MAX_ID}
+    one = {"type": "array", "items": token, "minItems": 1}
+    schema["properties"]["ids"] = {
+        "anyOf": [
+            one,
+            {"type": "array", "items": one, "minItems": 1, "maxItems": server.max_items},
+        ],
+        "description": "Token ids, or lists of them; each must be in the model's vocabulary.",
+    }
+    return schema
+
+
+def _tokens_operations(server: Described) -> dict[str, dict[str, Any]]:
+    tokenize = {
+        "schema": request_schema(
+            TOKENIZE, max_items=server.max_items, default_model=server.default_model
+        ),
+        "example": {"model": EXAMPLE_MODEL, "inputs": ["The food was delicious."]},
+    }
+    decode = {
+        "schema": _decode_schema(server),
+        "example": {"model": EXAMPLE_MODEL, "ids": [[101, 7592, 2088, 102]]},
+    }
+    return {
+        "/tokenize": {"post": operation("Tokenize (text-embeddings-inference)", TOKENS,
+                                        keyed=server.keyed, errors=EMBEDDING, request=tokenize)},
+        "/decode": {"post": operation("Decode token ids (text-embeddings-inference)", TEXTS,
+                                      keyed=server.keyed, errors=EMBEDDING, request=decode)},
+    }  # fmt: skip
+
 
 def operations(server: Described) -> dict[str, dict[str, Any]]:
     """The family's paths as the OpenAPI document describes them."""
@@ -76,4 +212,5 @@ def operations(server: Described) -> dict[str, dict[str, Any]]:
         "/": {
             "post": embedding("As /embed: TEI serves its model's task here", VECTORS, TEI, server)
         },
+        **_tokens_operations(server),
     }

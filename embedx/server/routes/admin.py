@@ -1,4 +1,5 @@
-"""The operational routes: /health, /info, /metrics, and the API's own description."""
+"""The operational routes: /health, /info, /metrics, and the API's own description (with
+Swagger UI's files for /docs)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from blacksheep import Content, Request, Response
 
 from embedx import __version__
 from embedx.allocator import process_allocator
+from embedx.server import swagger
 from embedx.server.metrics import CONTENT_TYPE, exposition
 from embedx.server.openapi import docs_page, openapi_spec
 from embedx.server.protocol.tei import tei_default
@@ -62,6 +64,11 @@ async def openapi_json(state: ServerState, http: Request) -> Response:
 async def docs(state: ServerState, http: Request) -> Response:
     page = docs_page(**_described(state))
     return Response(200, None, Content(b"text/html; charset=utf-8", page.encode()))
+
+
+async def docs_asset(state: ServerState, http: Request) -> Response:
+    media, body = swagger.asset(http.route_values["asset"] or "")
+    return Response(200, [(b"cache-control", b"max-age=86400")], Content(media, body))
 
 
 def _described(state: ServerState) -> dict[str, Any]:

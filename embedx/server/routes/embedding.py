@@ -33,15 +33,20 @@ async def embed(
         sink=sink,
         instruction=request.instruction,
     )
-    async with state.registry.lease(request.model, request.load) as engine, state.admission.slot():
-        try:
-            return await engine.embed(request.texts, options)
-        except WrongModelTask as exc:
-            raise WrongModelTask(
-                f"{exc.message}: send its (query, document) pairs to POST /rerank, /v1/rerank "
-                "or /v2/rerank (a classifier's texts to /predict or /classify)",
-                task=exc.task,
-            ) from None
+    with state.tei.request(len(request.texts)) as record:
+        async with (
+            state.registry.lease(request.model, request.load) as engine,
+            state.admission.slot(),
+        ):
+            try:
+                record.result = result = await engine.embed(request.texts, options)
+            except WrongModelTask as exc:
+                raise WrongModelTask(
+                    f"{exc.message}: send its (query, document) pairs to POST /rerank, "
+                    "/v1/rerank or /v2/rerank (a classifier's texts to /predict or /classify)",
+                    task=exc.task,
+                ) from None
+            return result
 
 
 def timing(result: EmbedResult | ScoreResult) -> dict[str, str]:

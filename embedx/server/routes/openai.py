@@ -10,7 +10,7 @@ from blacksheep import Request, Response
 from embedx.engine import EmbedResult
 from embedx.errors import ModelNotFound
 from embedx.registry import Resident
-from embedx.server.protocol.openai import Base64Items, parse_openai
+from embedx.server.protocol.openai import INFINITY, OPENAI, Base64Items, parse_openai
 from embedx.server.responses import json_bytes_response, json_response
 from embedx.server.routes.embedding import embed, json_body, timing
 from embedx.server.state import ServerState
@@ -18,7 +18,8 @@ from embedx.untrusted import shown
 
 
 async def create_embeddings(state: ServerState, http: Request) -> Response:
-    request = parse_openai(await json_body(http), state.settings.max_request_items)
+    family = INFINITY if _infinitys(http) else OPENAI
+    request = parse_openai(await json_body(http), state.settings.max_request_items, family)
     if not request.base64:
         result = await embed(state, request)
         data = [{"object": "embedding", "index": i, "embedding": row}
@@ -43,7 +44,7 @@ async def list_models(state: ServerState, http: Request) -> Response:
         raise ModelNotFound("GET /v1/models/ names no model; GET /v1/models lists them")
     resident = {r.spec.name: r for r in state.registry.residents()}
     names = sorted(set(state.registry.catalog) | set(resident))
-    data = [_model_card(state, name, resident) for name in names]
+    data = [_model_card(state, name, resident, _owner(http)) for name in names]
     return json_response({"object": "list", "data": data})
 
 
@@ -58,20 +59,48 @@ async def retrieve_model(state: ServerState, http: Request) -> Response:
             "GET /v1/models lists those",
             param="model",
         )
-    return json_response(_model_card(state, name, resident))
+    return json_response(_model_card(state, name, resident, _owner(http)))
 
 
-def _model_card(state: ServerState, name: str, resident: dict[str, Resident]) -> dict[str, Any]:
-    """One model in OpenAI's shape (`protocol.openai.MODEL`), with what embedx knows of it."""
+def _infinitys(http: Request) -> bool:
+    """Whether the request came by infinity's paths, those without /v1."""
+    return not http.url.path.startswith(b"/v1/")
+
+
+def _owner(http: Request) -> str:
+    """The cards' `owned_by`: infinity's client takes no value but "infinity" on its paths,
+    so they say that; OpenAI's say embedx."""
+    return "infinity" if _infinitys(http) else "embedx"
+
+
+def _model_card(
+    state: ServerState, name: str, resident: dict[str, Resident], owner: str
+) -> dict[str, Any]:
+    """One model in OpenAI's shape (`protocol.openai.MODEL`), with what embedx knows of it and
+    what infinity's cards carry (its client reads `stats`)."""
     entry = resident.get(name)
     engine = entry.engine if entry is not None else None
     spec = entry.spec if entry is not None else state.registry.catalog[name]
-    return {
+    card = {
         "id": name,
         "object": "model",
         "created": int(state.started_at),
-        "owned_by": "embedx",
+        "owned_by": owner,
         "resident": engine is not None,
         "pooling": spec.pooling.value if spec.pooling else None,
-        "dimensions": engine.dimensions if engine is not None else None,
+        "dimensions": None,
+        "backend": "",
+        "capabilities": [],
+        "stats": {},
     }
+    if engine is not None:  # what a model is for and how it runs are known once it is loaded
+        replicas = engine.replicas
+        card.update(
+            dimensions=engine.dimensions,
+            backend=replicas[0].model.implementation if replicas else "",
+            # infinity's names for a model's tasks: a scorer both reranks and classifies here
+            capabilities=["embed"] if engine.task.kind == "embed" else ["rerank", "classify"],
+            stats={"queue_absolute": engine.queue.pending_items,
+                   "queue_tokens": engine.queue.pending_tokens},
+        )  # fmt: skip
+    return card

@@ -64,15 +64,16 @@ async def _score(
     the scores, and its labels."""
     model = request.model or _default_scorer(state)
     options = ScoreOptions(truncate=request.truncate, raw=request.raw_scores)
-    async with state.registry.lease(model, request.load) as engine, state.admission.slot():
-        try:
-            result = await engine.score(request.inputs, options)
-        except WrongModelTask as exc:
-            raise WrongModelTask(
-                f"{exc.message}: send its texts to POST /v1/embeddings (or /embed)",
-                task=exc.task,
-            ) from None
-        return model, result, engine.task.labels
+    with state.tei.request(len(request.inputs)) as record:
+        async with state.registry.lease(model, request.load) as engine, state.admission.slot():
+            try:
+                record.result = result = await engine.score(request.inputs, options)
+            except WrongModelTask as exc:
+                raise WrongModelTask(
+                    f"{exc.message}: send its texts to POST /v1/embeddings (or /embed)",
+                    task=exc.task,
+                ) from None
+            return model, result, engine.task.labels
 
 
 def _default_scorer(state: ServerState) -> str:

@@ -1,14 +1,20 @@
-"""text-embeddings-inference's route: POST /embed (and POST /, where TEI serves it too)."""
+"""text-embeddings-inference's routes: POST /embed (and POST /, where TEI serves it too),
+/tokenize and /decode."""
 
 from __future__ import annotations
 
+import orjson
 from blacksheep import Request, Response
 
+from embedx.engine import tokens
 from embedx.errors import InvalidInput, InvalidOption
-from embedx.server.protocol.tei import parse_tei, tei_default
-from embedx.server.responses import json_response
+from embedx.registry import LoadRequest
+from embedx.server.protocol.tei import parse_decode, parse_tei, parse_tokenize, tei_default
+from embedx.server.responses import json_bytes_response, json_response
 from embedx.server.routes.embedding import embed, json_body, timing
 from embedx.server.state import ServerState
+
+ANY_TASK = LoadRequest(task=None)  # an embedder's tokens, or a scorer's
 
 
 async def embed_tei(state: ServerState, http: Request) -> Response:
@@ -21,3 +27,26 @@ async def embed_tei(state: ServerState, http: Request) -> Response:
             raise
         raise type(exc)(exc.message, param="prompt_name") from None  # TEI's name for it
     return json_response(result.vectors, headers=timing(result))
+
+
+async def tokenize_tei(state: ServerState, http: Request) -> Response:
+    settings = state.settings
+    max_items = settings.max_request_items
+    request = parse_tokenize(await json_body(http), max_items, tei_default(settings))
+    async with state.registry.lease(request.model, ANY_TASK) as engine, state.admission.slot():
+        tokenized = await tokens.tokenize(
+            engine,
+            request.texts,
+            special=request.add_special_tokens,
+            input_type=request.prompt_name,
+            max_texts=max_items,
+        )
+    return json_bytes_response(orjson.dumps(tokenized))  # each Token as an object
+
+
+async def decode_tei(state: ServerState, http: Request) -> Response:
+    settings = state.settings
+    request = parse_decode(await json_body(http), settings.max_request_items, tei_default(settings))
+    async with state.registry.lease(request.model, ANY_TASK) as engine, state.admission.slot():
+        texts = await tokens.decode(engine, request.ids, skip_special=request.skip_special_tokens)
+    return json_response(texts)
