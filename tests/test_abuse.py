@@ -18,7 +18,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import Server, client, running_server, until_receiving
 
 # Above 1,024: granian's default cap on the connections it holds, which such clients filled.

@@ -22,8 +22,8 @@ from embedx.models.catalog import load_catalog
 from embedx.registry import ModelRegistry
 from embedx.server import body as request_body
 from embedx.server.app import create_app
-from tests.conftest import cpu_info
-from tests.test_cli import run
+from tests.support.fakes import cpu_info
+from tests.support.processes import run_embedx
 
 
 def test_a_preloaded_allocator_is_named_and_none_is_libc(tmp_path: Path) -> None:
@@ -44,12 +44,12 @@ def test_embedx_info_reports_the_allocator_the_loader_preloaded(tmp_path: Path) 
     libm = next(Path(f) for f in mapped if Path(f).name.startswith(("libm.so", "libm-")))
     stand_in = tmp_path / "libjemalloc.so.2"
     shutil.copy(libm, stand_in)
-    preloaded = run("info", "--json", env={"LD_PRELOAD": str(stand_in)})
+    preloaded = run_embedx("info", "--json", env={"LD_PRELOAD": str(stand_in)})
     assert preloaded.returncode == 0, preloaded.stderr
     assert json.loads(preloaded.stdout)["allocator"] == "jemalloc"
-    plain = run("info", "--json", env={"LD_PRELOAD": ""})
+    plain = run_embedx("info", "--json", env={"LD_PRELOAD": ""})
     assert json.loads(plain.stdout)["allocator"] == "libc"
-    assert "allocator: libc" in run("info", env={"LD_PRELOAD": ""}).stdout
+    assert "allocator: libc" in run_embedx("info", env={"LD_PRELOAD": ""}).stdout
 
 
 GIVE_BACK = """

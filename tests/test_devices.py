@@ -17,7 +17,7 @@ from embedx.devices import (
     token_budget,
 )
 from embedx.errors import ConfigError, DeviceHung
-from tests.conftest import cpu_info
+from tests.support.fakes import cpu_info
 
 pytestmark = pytest.mark.anyio
 

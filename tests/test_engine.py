@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import gc
 import json
 import logging
@@ -19,23 +18,11 @@ import torch
 from embedx import heap
 from embedx.engine import EmbedOptions, Engine
 from embedx.errors import EmptyInput, InputTooLong, InvalidInput, UnsupportedDimensions
-from tests.conftest import DATA, SlowForward
+from tests.support.corpus import lee50
+from tests.support.fakes import oom, wrap
+from tests.support.reference import decoded
 
 pytestmark = pytest.mark.anyio
-
-
-def wrap(engine: Engine, device: str, **behaviour: Any) -> SlowForward:
-    """Replace one device's forward with a slowed or faulty one; returns the wrapper."""
-    for replica in engine.replicas:
-        if replica.accelerator.info.label == device:
-            wrapper = SlowForward(replica.model.forward, **behaviour)
-            replica.model.forward = wrapper  # type: ignore[method-assign]
-            return wrapper
-    raise AssertionError(f"no device {device}")
-
-
-def oom(message: str = "CUDA out of memory (injected)") -> BaseException:
-    return torch.OutOfMemoryError(message)
 
 
 async def test_one_device_matches_sentence_transformers(
@@ -67,17 +54,8 @@ def pearson(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-@pytest.fixture
-def lee50() -> tuple[list[str], np.ndarray]:
-    with open(DATA / "lee50.jsonl") as lines:
-        texts = [json.loads(line)["text"] for line in lines]
-    return texts, np.loadtxt(DATA / "lee50_similarity.txt")
-
-
-async def test_lee50_human_similarity_is_reproduced(
-    make_engine: Callable[..., Any], lee50: tuple[list[str], np.ndarray]
-) -> None:
-    texts, human = lee50
+async def test_lee50_human_similarity_is_reproduced(make_engine: Callable[..., Any]) -> None:
+    texts, human = lee50()
     async with make_engine(("cpu",)) as engine:
         vectors = (await engine.embed(texts)).vectors
     cosine = vectors @ vectors.T
@@ -491,11 +469,6 @@ def test_engine_module_has_no_http(tmp_path: Path) -> None:
     source = Path(engine_module.__file__).read_text()
     assert "blacksheep" not in source
     assert "granian" not in source
-
-
-def decoded(rows: np.ndarray) -> np.ndarray:
-    """(N, L) uint8 base64 rows back to (N, D) float32."""
-    return np.stack([np.frombuffer(base64.b64decode(row.tobytes()), "<f4") for row in rows])
 
 
 async def test_base64_rows_are_the_float_rows_encoded(

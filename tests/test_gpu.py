@@ -21,7 +21,8 @@ from embedx.engine.outputs import FLOATS, RowForm
 from embedx.models.catalog import ModelSpec
 from embedx.models.pooling import Pooling
 from embedx.models.source import resolve
-from tests.test_engine import decoded, oom, wrap
+from tests.support.fakes import oom, wrap
+from tests.support.reference import decoded, forward
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -97,8 +98,6 @@ def test_base64_on_the_gpu_is_standard_base64(dimensions: int) -> None:
 async def test_flash_varlen_matches_the_float32_cpu_forward(
     tiny_models: dict[str, Path], reference_texts: list[str], shape: str, pooling: str
 ) -> None:
-    from tests.test_models import forward
-
     texts = reference_texts[:64]
     expected = forward(tiny_models[shape], pooling, "native", texts)
     async with cuda_engine(tiny_models[shape], pooling=pooling, max_seq_len=64) as engine:

@@ -32,20 +32,11 @@ from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, tok
 from embedx.models.pooling import Pooling, pool
 from embedx.models.source import check_exists, resolve
 from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, Input, TextTokenizer
-from tests.conftest import RemoteCodeModel
+from tests.support.models import RemoteCodeModel
+from tests.support.reference import forward
 
 CPU = torch.device("cpu")
 TEXTS = ["hello world", "a somewhat longer sentence, with more words in it", "x " * 40, "fox"]
-
-
-def forward(
-    directory: Path, pooling: str, implementation: str, texts: list[str], bucketed: bool = False
-) -> np.ndarray:
-    files = resolve(str(directory))
-    ids = TextTokenizer(files, 64).encode_now(texts).views()
-    model = EmbeddingModel(files, Pooling(pooling), CPU, "float32", implementation)
-    model.bucket_pooled_rows = bucketed  # what CUDA does, with the padded token rows
-    return model.forward(to_device(pack(ids, budget=16384 if bucketed else None), CPU)).numpy()
 
 
 # -- where files come from -----------------------------------------------------------------

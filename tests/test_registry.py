@@ -17,7 +17,8 @@ from embedx.errors import InvalidModel, ModelNotFound, ModelsBusy, PoolingConfli
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
 from embedx.registry import LoadRequest, ModelRegistry, local_name
-from tests.conftest import MINILM_NAME, cpu_info
+from tests.support.fakes import cpu_info
+from tests.support.models import MINILM_NAME
 
 pytestmark = pytest.mark.anyio
 

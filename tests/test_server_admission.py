@@ -17,7 +17,8 @@ from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
 from embedx.registry import ModelRegistry
 from embedx.server.admission import Admission, ByteBudget
-from tests.conftest import MINILM_NAME, cpu_info
+from tests.support.fakes import cpu_info
+from tests.support.models import MINILM_NAME
 from tests.support.server import assert_envelope, in_process
 
 pytestmark = pytest.mark.anyio

@@ -28,7 +28,7 @@ from embedx.registry import ModelRegistry
 from embedx.registry import registry as registry_module
 from embedx.server.app import create_app
 from embedx.server.guard import Guard
-from tests.conftest import SlowForward, cpu_info
+from tests.support.fakes import SlowForward, cpu_info
 from tests.support.server import metric
 
 pytestmark = pytest.mark.anyio

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from embedx import Embedder
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import (
     Server,
     assert_envelope,

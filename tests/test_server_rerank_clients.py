@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import Server, info, metric, running_server, until_embedding
 
 QUERY = "Which animal purrs?"

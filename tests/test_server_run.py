@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import (
     Server,
     assert_envelope,

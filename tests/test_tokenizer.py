@@ -26,7 +26,7 @@ from embedx.errors import InputTooLong
 from embedx.models.source import ModelFiles, resolve
 from embedx.models.tokenizer import TextTokenizer
 from embedx.models.windows import CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import running_server
 
 FAMILIES = ("MiniLM's WordPiece", "byte-level BPE, Qwen's split", "Unigram, Metaspace")

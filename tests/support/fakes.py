@@ -1,0 +1,80 @@
+"""Fake devices for the engine: CPU devices under any name and speed score, and a forward that
+runs as slow as the test sets, fails or hangs on the batches it picks, and counts what it ran."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from embedx.devices import DeviceInfo
+    from embedx.engine import Engine
+
+
+def cpu_info(key: str = "cpu", score: float = 1.0) -> DeviceInfo:
+    """A device the engine serves on a CPU thread of its own, named `key`: several of them make
+    a host of many devices (what they compute is the CPU's, bit for bit)."""
+    from embedx.devices import DeviceInfo
+
+    return DeviceInfo(key, "cpu", f"fake {key}", 1 << 34, 1 << 34, 2, None, score)
+
+
+class SlowForward:
+    """Wraps a replica's forward: sleeps for `fixed_s + tokens / rate` (in the device's
+    thread: the fake device's speed), and can fail or hang on chosen batches. Counts what it
+    ran."""
+
+    def __init__(
+        self,
+        forward: Callable[[Any], Any],
+        *,
+        rate: float | None = None,
+        fixed_s: float = 0.0,
+        fail: Callable[[Any, int], BaseException | None] | None = None,
+        hang_s: Callable[[Any, int], float] | None = None,
+    ) -> None:
+        self.forward = forward
+        self.rate = rate
+        self.fixed_s = fixed_s
+        self.fail = fail
+        self.hang_s = hang_s
+        self.calls = 0
+        self.tokens = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: Any) -> Any:
+        with self._lock:
+            self.calls += 1
+            call = self.calls
+        tokens = int(batch.input_ids.shape[0])
+        error = self.fail(batch, call) if self.fail else None
+        if error is not None:
+            raise error
+        if self.hang_s is not None:
+            time.sleep(self.hang_s(batch, call))
+        if self.rate:
+            time.sleep(self.fixed_s + tokens / self.rate)
+        out = self.forward(batch)
+        with self._lock:
+            self.tokens += tokens
+        return out
+
+
+def wrap(engine: Engine, device: str, **behaviour: Any) -> SlowForward:
+    """Replace one device's forward with a slowed or faulty one; returns the wrapper."""
+    for replica in engine.replicas:
+        if replica.accelerator.info.label == device:
+            wrapper = SlowForward(replica.model.forward, **behaviour)
+            replica.model.forward = wrapper  # type: ignore[method-assign]
+            return wrapper
+    raise AssertionError(f"no device {device}")
+
+
+def oom(message: str = "CUDA out of memory (injected)") -> torch.OutOfMemoryError:
+    import torch
+
+    return torch.OutOfMemoryError(message)
