@@ -43,3 +43,12 @@ async def eventually_async(
         if time.monotonic() > deadline:
             raise AssertionError(message or f"not within {within:g} s: {condition}")
         await asyncio.sleep(_STEP_S)
+
+
+async def until(event: asyncio.Event, *, within: float = PATIENCE_S, message: str = "") -> None:
+    """Wait for `event`, the code under test's signal; AssertionError if it is not set within
+    `within` seconds (rather than the test hanging to the suite's timeout)."""
+    try:
+        await asyncio.wait_for(event.wait(), within)
+    except TimeoutError:
+        raise AssertionError(message or f"not set within {within:g} s: {event}") from None
