@@ -1,5 +1,6 @@
 """Fake devices for the engine: CPU devices under any name and speed score, and a forward that
-runs as slow as the test sets, fails or hangs on the batches it picks, and counts what it ran."""
+runs as slow as the test sets, fails or hangs on the batches it picks, waits at a gate the
+test opens, and counts what it ran."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from tests.support.waiting import PATIENCE_S
 
 if TYPE_CHECKING:
     import torch
@@ -23,10 +26,39 @@ def cpu_info(key: str = "cpu", score: float = 1.0) -> DeviceInfo:
     return DeviceInfo(key, "cpu", f"fake {key}", 1 << 34, 1 << 34, 2, None, score)
 
 
+class Gate:
+    """Holds a fake device's batches until the test lets them run: one at a time (`step`), or
+    every one from now on (`open`). A device busy exactly as long as the test needs, where a
+    set speed would leave it to how busy the machine is."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._permits = 0
+        self._open = False
+
+    def step(self) -> None:
+        with self._changed:
+            self._permits += 1
+            self._changed.notify_all()
+
+    def open(self) -> None:
+        with self._changed:
+            self._open = True
+            self._changed.notify_all()
+
+    def wait(self) -> None:
+        """In the device's thread: until the test lets this batch run."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._open or self._permits, PATIENCE_S):
+                raise AssertionError("a batch was held at its gate past the test's patience")
+            if not self._open:
+                self._permits -= 1
+
+
 class SlowForward:
-    """Wraps a replica's forward: sleeps for `fixed_s + tokens / rate` (in the device's
-    thread: the fake device's speed), and can fail or hang on chosen batches. Counts what it
-    ran."""
+    """Wraps a replica's forward: waits at `gate` if given, then sleeps for `fixed_s + tokens
+    / rate` (in the device's thread: the fake device's speed, the compute time it simulates,
+    not a wait for anything), and can fail or hang on chosen batches. Counts what it ran."""
 
     def __init__(
         self,
@@ -36,8 +68,10 @@ class SlowForward:
         fixed_s: float = 0.0,
         fail: Callable[[Any, int], BaseException | None] | None = None,
         hang_s: Callable[[Any, int], float] | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.forward = forward
+        self.gate = gate
         self.rate = rate
         self.fixed_s = fixed_s
         self.fail = fail
@@ -50,11 +84,13 @@ class SlowForward:
         with self._lock:
             self.calls += 1
             call = self.calls
+        if self.gate is not None:
+            self.gate.wait()
         tokens = int(batch.input_ids.shape[0])
         error = self.fail(batch, call) if self.fail else None
         if error is not None:
             raise error
-        if self.hang_s is not None:
+        if self.hang_s is not None:  # a device that hangs this long: the behaviour tested
             time.sleep(self.hang_s(batch, call))
         if self.rate:
             time.sleep(self.fixed_s + tokens / self.rate)

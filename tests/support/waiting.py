@@ -52,3 +52,10 @@ async def until(event: asyncio.Event, *, within: float = PATIENCE_S, message: st
         await asyncio.wait_for(event.wait(), within)
     except TimeoutError:
         raise AssertionError(message or f"not set within {within:g} s: {event}") from None
+
+
+async def next_turn() -> None:
+    """One turn of the event loop: each task ready now takes its next step, in order. A yield,
+    not a wait for time (asyncio.sleep(0) is asyncio's way to yield): for a test about the
+    order in which tasks step."""
+    await asyncio.sleep(0)
