@@ -1,6 +1,6 @@
-"""Fake devices for the engine: CPU devices under any name and speed score, and a forward that
+"""Fakes of what tests cannot set: CPU devices under any name and speed score, a forward that
 runs as slow as the test sets, fails or hangs on the batches it picks, waits at a gate the
-test opens, and counts what it ran."""
+test opens, and counts what it ran; and a clock the test moves."""
 
 from __future__ import annotations
 
@@ -24,6 +24,25 @@ def cpu_info(key: str = "cpu", score: float = 1.0) -> DeviceInfo:
     from embedx.devices import DeviceInfo
 
     return DeviceInfo(key, "cpu", f"fake {key}", 1 << 34, 1 << 34, 2, None, score)
+
+
+class TickingClock:
+    """A monotonic clock that moves when the test `advance`s it, and a tick at each reading,
+    so that a span the code measures between two readings is never zero. Thread-safe."""
+
+    def __init__(self, tick: float = 1e-6) -> None:
+        self.tick = tick
+        self._now = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self._now += self.tick
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
 
 
 class Gate:
