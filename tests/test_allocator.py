@@ -3,7 +3,6 @@ has glibc give back."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from embedx.server import body as request_body
 from embedx.server.app import create_app
 from tests.support.fakes import cpu_info
 from tests.support.processes import run_embedx
+from tests.support.waiting import next_turn
 
 
 def test_a_preloaded_allocator_is_named_and_none_is_libc(tmp_path: Path) -> None:
@@ -100,6 +100,6 @@ async def test_a_body_of_megabytes_has_the_server_give_memory_back_after_its_req
                 "/v1/embeddings", content=body, headers={"content-type": "application/json"}
             )
             assert response.status_code == 404  # no such model: read, parsed, answered
-            await asyncio.sleep(0)  # the loop's next turn
+            await next_turn()
             assert given_back.is_set() == (size == GIVE_BACK_AFTER_BYTES)
     assert sizes == [GIVE_BACK_AFTER_BYTES - 100, GIVE_BACK_AFTER_BYTES]
