@@ -7,7 +7,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 # Far past anything a quiet machine needs (milliseconds to seconds): the suite runs beside
 # others on two shared cores, where a step of a second can take a minute.
@@ -28,9 +28,21 @@ def eventually(condition: Callable[[], T], *, within: float = PATIENCE_S, messag
     return value
 
 
+@overload
 async def eventually_async(
-    condition: Callable[[], T | Awaitable[T]], *, within: float = PATIENCE_S, message: str = ""
-) -> T:
+    condition: Callable[[], Awaitable[T]], *, within: float = ..., message: str = ...
+) -> T: ...
+
+
+@overload
+async def eventually_async(
+    condition: Callable[[], T], *, within: float = ..., message: str = ...
+) -> T: ...
+
+
+async def eventually_async(
+    condition: Callable[[], Any], *, within: float = PATIENCE_S, message: str = ""
+) -> Any:
     """`eventually` on the event loop, which runs on between polls; the condition may be a
     coroutine function (a request to the app, say)."""
     deadline = time.monotonic() + within
