@@ -107,8 +107,9 @@ def test_closing_an_embedder_ends_the_calls_in_flight_with_an_error(minilm_dir: 
 def test_closing_an_embedder_mid_call_leaves_no_asyncio_noise(minilm_dir: Path) -> None:
     done = run_script(
         """
-        import gc, sys, threading, time
+        import gc, sys, threading
         from embedx import Embedder
+        from tests.support.waiting import eventually
         e = Embedder(sys.argv[1], pooling="mean")
 
         def call():
@@ -119,8 +120,7 @@ def test_closing_an_embedder_mid_call_leaves_no_asyncio_noise(minilm_dir: Path) 
 
         caller = threading.Thread(target=call)
         caller.start()
-        while not e._engine._jobs_in_flight:  # until the call is in the engine
-            time.sleep(0.01)
+        eventually(lambda: e._engine._jobs_in_flight)  # until the call is in the engine
         e.close()
         caller.join()
         gc.collect()
@@ -154,8 +154,12 @@ def test_a_call_that_found_the_embedder_open_as_it_closed_is_told_so(minilm_dir:
     embedder = Embedder(minilm_dir, pooling="mean")
     loop = embedder._open_loop()  # a call on another thread got this far, then:
     embedder.close()
+
+    async def work() -> None:
+        pass
+
     with pytest.raises(RuntimeError, match="this Embedder is closed"):
-        loop.call(asyncio.sleep(0))  # scheduled on the stopped loop, it would never run
+        loop.call(work())  # scheduled on the stopped loop, it would never run
 
 
 def test_a_forked_child_is_told_to_make_its_own_embedder(minilm_dir: Path) -> None:
@@ -205,16 +209,16 @@ def test_an_interrupted_embed_drops_the_texts_it_had_not_embedded(
     # In a process of its own: a SIGINT that landed after the embed would stop pytest.
     done = run_script(
         """
-        import os, signal, sys, threading, time
+        import os, signal, sys, threading
         from embedx import Embedder
+        from tests.support.waiting import eventually
         # as an interactive Python has it: a shell's background job inherits SIGINT ignored
         signal.signal(signal.SIGINT, signal.default_int_handler)
         e = Embedder(sys.argv[1], pooling="mean")
         texts = [f"text number {i}, " + "long enough to take a while " * 8 for i in range(4000)]
 
         def interrupt():  # once the call is in the engine
-            while not e._engine._jobs_in_flight:
-                time.sleep(0.01)
+            eventually(lambda: e._engine._jobs_in_flight)
             os.kill(os.getpid(), signal.SIGINT)
 
         threading.Thread(target=interrupt).start()

@@ -9,8 +9,11 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Mapping
+from pathlib import Path
 
 from tests.support.settings import patient_environment
+
+ROOT = Path(__file__).parent.parent.parent
 
 
 def environment(settings: Mapping[str, object] | None = None, **extra: str) -> dict[str, str]:
@@ -36,11 +39,13 @@ def run_embedx(
 
 
 def run_script(source: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Python `source` (dedented) with `args`, to its end."""
+    """Python `source` (dedented) with `args`, to its end, in the repository's root: it may
+    import tests.support (eventually(), say)."""
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(source), *args],
         capture_output=True,
         text=True,
         env=environment(),
+        cwd=ROOT,
         timeout=300,
     )
