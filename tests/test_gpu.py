@@ -21,7 +21,7 @@ from embedx.engine.outputs import FLOATS, RowForm
 from embedx.models.catalog import ModelSpec
 from embedx.models.pooling import Pooling
 from embedx.models.source import resolve
-from tests.support.fakes import oom, wrap
+from tests.support.fakes import oom, spin_gpu, wrap
 from tests.support.reference import decoded, forward
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
@@ -120,12 +120,11 @@ async def test_cuda_oom_halves_the_budget_and_the_request_succeeds(
 async def test_a_hung_gpu_is_quarantined_and_the_cpu_finishes(
     minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
 ) -> None:
-    # load the spin kernel now: a first launch synchronizes the device
-    torch.cuda._sleep(1)  # type: ignore[no-untyped-call]  # torch's private test helper
+    spin_gpu(1)  # load the spin kernel now: a first launch synchronizes the device
 
     def hang_first(batch: Any, call: int) -> BaseException | None:
         if call == 1:
-            torch.cuda._sleep(4_000_000_000)  # type: ignore[no-untyped-call]  # about 2 s busy
+            spin_gpu(4_000_000_000)  # about 2 s busy
         return None
 
     async with cuda_engine(

@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from urllib.parse import quote
 
@@ -31,6 +30,7 @@ from tests.support.server import (
     serve_environment,
     until_embedding,
 )
+from tests.support.waiting import eventually
 
 
 @pytest.fixture(scope="module")
@@ -297,10 +297,8 @@ def test_a_client_that_hangs_up_has_its_texts_dropped(
                         b"Content-Type: application/json\r\n"
                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
         until_embedding(server)
-    deadline = time.monotonic() + 60
-    while info(server)["requests"]["running"] or _queued(server):
-        assert time.monotonic() < deadline, "the queue still holds the texts of a client that left"
-        time.sleep(0.02)
+    eventually(lambda: not (info(server)["requests"]["running"] or _queued(server)),
+               message="the queue still holds the texts of a client that left")  # fmt: skip
     text = httpx.get(server.url + "/metrics").text
     assert metric(text, "embedx_requests_total", route="/v1/embeddings", method="POST",
                   status="499") == 1  # fmt: skip

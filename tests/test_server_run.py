@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -24,6 +23,7 @@ from tests.support.server import (
     until_embedding,
     until_receiving,
 )
+from tests.support.waiting import PATIENCE_S, eventually
 
 
 def test_a_model_that_fails_to_preload_stops_the_server(tmp_path: Path) -> None:
@@ -66,10 +66,9 @@ def in_flight(server: Server, texts: list[str], results: list[httpx.Response]) -
 
 
 def until_draining(server: Server) -> None:
-    deadline = time.monotonic() + 60
-    while httpx.get(server.url + "/health").status_code != 503:  # `stop_taking` has run
-        assert time.monotonic() < deadline, "the server is not draining"
-        time.sleep(0.02)
+    """Until /health says 503: `stop_taking` has run."""
+    eventually(lambda: httpx.get(server.url + "/health", timeout=PATIENCE_S).status_code == 503,
+               message="the server is not draining")  # fmt: skip
 
 
 def test_sigterm_drains_the_request_in_flight_and_exits_0(
@@ -150,15 +149,13 @@ def test_a_request_whose_body_stopped_arriving_does_not_hold_the_stop(tmp_path: 
         assert b"shutting_down" in answer
 
 
-SLOW_RESOLVE = """
-import os, sys, time
+ENDLESS_RESOLVE = """
+import sys, threading
 import embedx.models.source as source
-resolve = source.resolve
-def slow(*args, **kwargs):
+def endless(*args, **kwargs):
     print("resolving slowly", file=sys.stderr, flush=True)
-    time.sleep(float(os.environ["SLOW_RESOLVE_S"]))
-    return resolve(*args, **kwargs)
-source.resolve = slow
+    threading.Event().wait()  # a load that never ends (a download that hangs)
+source.resolve = endless
 """
 
 
@@ -167,9 +164,9 @@ def test_a_signal_during_preload_stops_at_once_without_waiting_for_the_load(
 ) -> None:
     """A preload can take minutes (a download, a large model): SIGTERM from a supervisor
     must not wait it out, nor for the thread still reading its weights."""
-    (tmp_path / "sitecustomize.py").write_text(SLOW_RESOLVE)  # a load that takes ten minutes
+    (tmp_path / "sitecustomize.py").write_text(ENDLESS_RESOLVE)  # a load that never ends
     env = serve_environment(preload=MINILM_NAME)
-    env.update(PYTHONPATH=str(tmp_path), SLOW_RESOLVE_S="600")
+    env.update(PYTHONPATH=str(tmp_path))
     process = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     assert process.stdout is not None
@@ -178,7 +175,7 @@ def test_a_signal_during_preload_stops_at_once_without_waiting_for_the_load(
             if "resolving slowly" in line:
                 break
         process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=120)[0]  # far less than the load's ten minutes
+        output = process.communicate(timeout=PATIENCE_S)[0]  # the load would never end
     finally:
         process.kill()  # a no-op once it has exited
     assert process.returncode == 0, output

@@ -75,26 +75,23 @@ class Gate:
 
 
 class SlowForward:
-    """Wraps a replica's forward: waits at `gate` if given, then sleeps for `fixed_s + tokens
-    / rate` (in the device's thread: the fake device's speed, the compute time it simulates,
-    not a wait for anything), and can fail or hang on chosen batches. Counts what it ran."""
+    """Wraps a replica's forward: waits at `gate` if given, fails the batches `fail` picks,
+    and takes `tokens / rate` seconds if a rate is given (in the device's thread: the fake
+    device's speed, the compute time it simulates, not a wait for anything). Counts what it
+    ran."""
 
     def __init__(
         self,
         forward: Callable[[Any], Any],
         *,
         rate: float | None = None,
-        fixed_s: float = 0.0,
         fail: Callable[[Any, int], BaseException | None] | None = None,
-        hang_s: Callable[[Any, int], float] | None = None,
         gate: Gate | None = None,
     ) -> None:
         self.forward = forward
         self.gate = gate
         self.rate = rate
-        self.fixed_s = fixed_s
         self.fail = fail
-        self.hang_s = hang_s
         self.calls = 0
         self.tokens = 0
         self._lock = threading.Lock()
@@ -109,10 +106,8 @@ class SlowForward:
         error = self.fail(batch, call) if self.fail else None
         if error is not None:
             raise error
-        if self.hang_s is not None:  # a device that hangs this long: the behaviour tested
-            time.sleep(self.hang_s(batch, call))
         if self.rate:
-            time.sleep(self.fixed_s + tokens / self.rate)
+            time.sleep(tokens / self.rate)
         out = self.forward(batch)
         with self._lock:
             self.tokens += tokens
@@ -133,3 +128,11 @@ def oom(message: str = "CUDA out of memory (injected)") -> torch.OutOfMemoryErro
     import torch
 
     return torch.OutOfMemoryError(message)
+
+
+def spin_gpu(cycles: int) -> None:
+    """Keep the current CUDA device busy for `cycles` of its clock (torch's private test
+    kernel): a device that hangs, the behaviour a test is about, not a wait."""
+    import torch
+
+    torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]

@@ -24,7 +24,7 @@ def eventually(condition: Callable[[], T], *, within: float = PATIENCE_S, messag
     while not (value := condition()):
         if time.monotonic() > deadline:
             raise AssertionError(message or f"not within {within:g} s: {condition}")
-        time.sleep(_STEP_S)
+        time.sleep(_STEP_S)  # between looks at the condition: a poll, not a fixed wait
     return value
 
 
@@ -54,7 +54,7 @@ async def eventually_async(
             return value
         if time.monotonic() > deadline:
             raise AssertionError(message or f"not within {within:g} s: {condition}")
-        await asyncio.sleep(_STEP_S)
+        await asyncio.sleep(_STEP_S)  # the loop runs on between looks: a poll
 
 
 async def until(event: asyncio.Event, *, within: float = PATIENCE_S, message: str = "") -> None:
