@@ -37,6 +37,7 @@ def test_a_preloaded_allocator_is_named_and_none_is_libc(tmp_path: Path) -> None
     assert allocator(tmp_path / "no-such-maps") == "unknown"
 
 
+@pytest.mark.process
 def test_embedx_info_reports_the_allocator_the_loader_preloaded(tmp_path: Path) -> None:
     """A real process: the C library's math library, preloaded under jemalloc's file name,
     shows in its maps as jemalloc would (malloc stays glibc's: only the report is checked)."""
@@ -70,6 +71,7 @@ print(json.dumps({"kept": kept, "gave": gave, "after": rss_mb()}))
 """
 
 
+@pytest.mark.process
 def test_giving_back_returns_to_the_system_what_glibc_kept_of_freed_blocks() -> None:
     environment = {**os.environ, "LD_PRELOAD": ""}  # glibc's malloc, whatever runs the tests
     ran = subprocess.run(

@@ -13,6 +13,7 @@ from tests.support.processes import environment, run_embedx
 from tests.support.waiting import eventually
 
 
+@pytest.mark.process
 def test_info_prints_settings_and_devices_without_loading_a_model() -> None:
     done = run_embedx("info", "--json", "--max-batch-tokens", "4096")
     assert done.returncode == 0, done.stderr
@@ -25,6 +26,7 @@ def test_info_prints_settings_and_devices_without_loading_a_model() -> None:
     assert "max_batch_tokens" in text
 
 
+@pytest.mark.process
 def test_a_bad_setting_exits_with_code_2_and_names_it() -> None:
     done = run_embedx("info", env={"EMBEDX_PORT": "-1"})
     assert done.returncode == 2
@@ -32,6 +34,7 @@ def test_a_bad_setting_exits_with_code_2_and_names_it() -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.process
 def test_embed_prints_one_vector_per_text() -> None:
     done = run_embedx("embed", "sentence-transformers/all-MiniLM-L6-v2", "hello", "world")
     assert done.returncode == 0, done.stderr
@@ -40,6 +43,7 @@ def test_embed_prints_one_vector_per_text() -> None:
     assert len(rows[0]) == 384
 
 
+@pytest.mark.process
 def test_embed_reads_a_text_a_line_from_stdin_and_refuses_blank_lines() -> None:
     model = "sentence-transformers/all-MiniLM-L6-v2"
     done = run_embedx("embed", model, stdin="one\ntwo\n")
@@ -64,6 +68,7 @@ def test_stdin_from_a_windows_file_gives_its_texts() -> None:
     ]
 
 
+@pytest.mark.process
 def test_output_to_a_reader_that_left_is_no_traceback() -> None:
     for args in (("info", "--json"), ("embed", "sentence-transformers/all-MiniLM-L6-v2", "x")):
         process = subprocess.Popen([sys.executable, "-m", "embedx", *args], env=environment(),
@@ -76,6 +81,7 @@ def test_output_to_a_reader_that_left_is_no_traceback() -> None:
         assert b"BrokenPipe" not in errors, errors
 
 
+@pytest.mark.process
 def test_embed_without_a_pooling_names_the_flag(minilm_dir: Path) -> None:
     done = run_embedx("embed", str(minilm_dir), "hello")
     assert done.returncode == 1
@@ -83,6 +89,7 @@ def test_embed_without_a_pooling_names_the_flag(minilm_dir: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.process
 def test_a_model_that_cannot_be_built_is_one_line_not_a_traceback(
     minilm_dir: Path, tmp_path: Path
 ) -> None:
@@ -98,6 +105,7 @@ def test_a_model_that_cannot_be_built_is_one_line_not_a_traceback(
     ]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("name", "content", "said"),
     [
@@ -134,6 +142,7 @@ embedder.Embedder.embed = marked
 """
 
 
+@pytest.mark.process
 def test_ctrl_c_during_an_embed_ends_it_with_one_line_and_exit_130(tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text(MARK_EMBEDDING)
     mark = tmp_path / "embedding"
@@ -164,6 +173,7 @@ def test_ctrl_c_during_an_embed_ends_it_with_one_line_and_exit_130(tmp_path: Pat
         embedding.wait()
 
 
+@pytest.mark.process
 def test_embed_takes_texts_after_its_flags_and_refuses_unknown_flags() -> None:
     model = "sentence-transformers/all-MiniLM-L6-v2"
     done = run_embedx("embed", model, "--pooling", "mean", "hello", "world")
@@ -174,6 +184,7 @@ def test_embed_takes_texts_after_its_flags_and_refuses_unknown_flags() -> None:
     assert "--no-such-flag" in refused.stderr
 
 
+@pytest.mark.process
 def test_serve_without_the_server_packages_says_which_extra_to_install() -> None:
     blocked = "import sys; sys.modules['blacksheep'] = None; from embedx.cli import main; "
     result = subprocess.run([sys.executable, "-c", blocked + "sys.exit(main(['serve']))"],

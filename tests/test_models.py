@@ -522,12 +522,12 @@ async def test_a_failed_call_reaches_every_waiter_and_closing_fails_those_still_
     refused = [tokenizer._start([text], truncate=True, offset=0) for text in ("one", "two")]
     for future in refused:
         with pytest.raises(Panic):
-            await asyncio.wait_for(future, 10)
+            await asyncio.wait_for(future, PATIENCE_S)
     # and the thread lives on for the next call:
 
     def held(texts: list[str]) -> Any:  # the next call waits until released
         entered.set()
-        release.wait(10)
+        release.wait(PATIENCE_S)
         return encode(texts)
 
     tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=held)  # type: ignore[assignment]
@@ -538,9 +538,9 @@ async def test_a_failed_call_reaches_every_waiter_and_closing_fails_those_still_
     release.set()
     assert (await running).lengths[0] > 0  # the call under way finishes
     with pytest.raises(ShuttingDown):
-        await asyncio.wait_for(queued, 10)  # rather than waiting forever
+        await asyncio.wait_for(queued, PATIENCE_S)  # rather than waiting forever
     assert tokenizer._thread is not None
-    tokenizer._thread.join(10)
+    tokenizer._thread.join(PATIENCE_S)
     assert not tokenizer._thread.is_alive()
     with pytest.raises(ShuttingDown):
         tokenizer._start(["after it closed"], truncate=True, offset=0)

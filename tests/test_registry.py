@@ -433,6 +433,7 @@ async def test_describe_lists_what_info_shows(minilm_dir: Path) -> None:
     await models.drain(5)
 
 
+@pytest.mark.process
 def test_registry_module_imports_without_torch() -> None:
     import subprocess
     import sys

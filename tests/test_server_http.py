@@ -32,6 +32,8 @@ from tests.support.server import (
 )
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.process  # each test starts a process of its own
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
@@ -230,7 +232,7 @@ def test_http2_is_not_spoken(server: Server) -> None:
 def test_a_request_target_that_is_no_path_is_a_400_not_a_500(server: Server) -> None:
     logged = len(server.output())  # the module's server: others' lines came before
     for target in ("CONNECT example.com:443", "POST 127.0.0.1:80", "GET example.com:80"):
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as raw:
             raw.sendall(f"{target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
                         "Connection: close\r\n\r\n".encode())  # fmt: skip
             answer = b""

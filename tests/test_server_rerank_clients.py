@@ -17,6 +17,8 @@ from tests.support.models import MINILM_NAME
 from tests.support.server import Server, info, metric, running_server, until_embedding
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.process  # each test starts a process of its own
+
 QUERY = "Which animal purrs?"
 
 

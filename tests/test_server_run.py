@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.models import MINILM_NAME
 from tests.support.server import (
@@ -24,6 +25,8 @@ from tests.support.server import (
     until_receiving,
 )
 from tests.support.waiting import PATIENCE_S, eventually
+
+pytestmark = pytest.mark.process  # each test starts a process of its own
 
 
 def test_a_model_that_fails_to_preload_stops_the_server(tmp_path: Path) -> None:
@@ -99,7 +102,7 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path, reference_texts:
         stopping.process.send_signal(signal.SIGINT)
         until_draining(stopping)
         stopping.process.send_signal(signal.SIGINT)
-        assert stopping.process.wait(60) == 0  # not the 600 s drain
+        assert stopping.process.wait(PATIENCE_S) == 0  # not the 600 s drain
         worker.join()
         error = assert_envelope(results[0], 503, "shutting_down")
         assert "the server shut down before this request finished" in error["message"]
@@ -116,7 +119,7 @@ def test_sigterm_past_the_drain_timeout_fails_what_still_runs_and_exits(
         long_texts = ([" ".join([text] * 8) for text in reference_texts] * 4)[:2000]  # slow on CPU
         worker = in_flight(stopping, long_texts, results)
         stopping.process.send_signal(signal.SIGTERM)
-        assert stopping.process.wait(60) == 0
+        assert stopping.process.wait(PATIENCE_S) == 0
         worker.join()
         assert_envelope(results[0], 503, "shutting_down")
         assert "after the drain timeout: failing them" in stopping.output()
@@ -129,7 +132,7 @@ def test_a_client_that_never_finishes_its_request_does_not_hold_the_stop(tmp_pat
             # answered on a connection made after it: the server has accepted the held one
             assert httpx.get(stopping.url + "/health").status_code == 200
             stopping.process.send_signal(signal.SIGTERM)
-            assert stopping.process.wait(60) == 0
+            assert stopping.process.wait(PATIENCE_S) == 0
         assert "exiting without them" in stopping.output()  # not granian's 30 s for headers
 
 
@@ -143,7 +146,7 @@ def test_a_request_whose_body_stopped_arriving_does_not_hold_the_stop(tmp_path: 
             )  # 9 bytes of 100, and then nothing
             until_receiving(stopping, 1)
             stopping.process.send_signal(signal.SIGTERM)
-            assert stopping.process.wait(60) == 0
+            assert stopping.process.wait(PATIENCE_S) == 0
             answer = stalled.recv(65536)
         assert answer.startswith(b"HTTP/1.1 503"), answer
         assert b"shutting_down" in answer

@@ -307,6 +307,7 @@ def embed(server: Any, text: str) -> np.ndarray:
     return np.array(response.json()["data"][0]["embedding"], dtype=np.float32)
 
 
+@pytest.mark.process
 def test_a_5_mb_cjk_text_is_answered_beside_another_request_and_memory_goes_back(
     roomy_server: Any,
 ) -> None:
