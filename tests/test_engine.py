@@ -7,6 +7,7 @@ import logging
 import shutil
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +228,13 @@ async def test_a_device_out_of_memory_empties_its_cache_once_its_replica_is_gone
         if replica.accelerator.info.key != "short":
             return await probe(replica, plan)
         models.append(weakref.ref(replica.model))
-        await asyncio.to_thread(replica.accelerator.synchronize)  # as a probe's batch is awaited
+        # The thread that built it lets go of it (its future's result) in its own time: with
+        # the future still holding it, nothing the engine does could free it.
+        def let_go() -> bool:
+            held_by = gc.get_referrers(replica.model)
+            return not any(isinstance(r, Future | asyncio.Future) for r in held_by)
+
+        await eventually_async(let_go)
         raise oom("CUDA out of memory (injected, in a probe batch)")
 
     def emptied(self: CpuAccelerator) -> None:  # where CudaAccelerator empties its cache
