@@ -1,24 +1,29 @@
-"""Shared fixtures: the real MiniLM, tiny random models, corpus slices, fake devices."""
+"""Shared fixtures: the real MiniLM, tiny random models, the corpus, engines on fake devices.
+What they are built from lives in tests/support/."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import json
 import os
-import threading
-import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.corpus import texts_of
+from tests.support.fakes import cpu_info
+from tests.support.models import (
+    RemoteCodeModel,
+    build_remote_code_model,
+    build_tiny_classifiers,
+    build_tiny_models,
+)
+from tests.support.settings import PATIENT, patient_environment
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-
-DATA = Path(__file__).parent / "data"
-MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -34,10 +39,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _no_embedx_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests see only the settings they set."""
+    """Tests see only the settings they set, over time limits a busy machine cannot trip
+    (support/settings.py): an Embedder reads the environment."""
     for name in list(os.environ):
         if name.startswith("EMBEDX_"):
             monkeypatch.delenv(name)
+    for name, value in patient_environment().items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture(scope="session")
@@ -53,8 +61,7 @@ def minilm_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def reference_texts() -> list[str]:
-    with open(DATA / "reference_texts.jsonl") as lines:
-        return [json.loads(line)["text"] for line in lines]
+    return texts_of("reference_texts")
 
 
 @pytest.fixture(scope="session")
@@ -74,118 +81,23 @@ def st_reference(sentence_transformer: Any, reference_texts: list[str]) -> Any:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> dict[str, Path]:
-    """Tiny random models of every architecture embedx has its own code for."""
-    from embedx.models.random_init import SHAPES, build
-
-    root = tmp_path_factory.mktemp("tiny")
-    return {shape: _built(build, shape, root / shape, minilm_dir) for shape in SHAPES}
+    """Tiny random models of every architecture embedx has its own code for, by shape."""
+    return build_tiny_models(tmp_path_factory.mktemp("tiny"), minilm_dir)
 
 
 @pytest.fixture(scope="session")
 def tiny_classifiers(
     tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path, reference_texts: list[str]
 ) -> dict[str, Path]:
-    """Tiny random cross-encoders, as transformers saves them: BERT with MiniLM's WordPiece
-    tokenizer and XLM-R with a sentencepiece (Unigram) one, each with one label (a reranker)
-    and three (a classifier): "bert-1", "bert-3", "xlm-roberta-1", "xlm-roberta-3"."""
-    from embedx.models.random_init import build_classifier, build_unigram_tokenizer
-
+    """Tiny random cross-encoders: "bert-1", "bert-3", "xlm-roberta-1", "xlm-roberta-3"
+    (support/models.py)."""
     root = tmp_path_factory.mktemp("classifiers")
-    build_unigram_tokenizer(root / "unigram", reference_texts)
-    shapes = {"bert": ("bert-base", minilm_dir),
-              "xlm-roberta": ("xlm-roberta-large", root / "unigram")}  # fmt: skip
-    models = {}
-    for name, (shape, tokenizer) in shapes.items():
-        for labels in (["relevance"], ["contradiction", "entailment", "neutral"]):
-            directory = root / f"{name}-{len(labels)}"
-            build_classifier(shape, directory, tokenizer, labels, tiny=True)
-            models[f"{name}-{len(labels)}"] = directory
-    return models
-
-
-def _built(build: Callable[..., str], shape: str, directory: Path, tokenizer: Path) -> Path:
-    build(shape, directory, tokenizer, tiny=True)
-    return directory
-
-
-@dataclass(frozen=True)
-class RemoteCodeModel:
-    """A model directory whose config names its own Python (`auto_map`), which writes
-    `marker` when imported: MiniLM's weights and slow tokenizer files, under a model_type
-    that transformers has no code for."""
-
-    directory: Path
-    marker: Path
+    return build_tiny_classifiers(root, minilm_dir, reference_texts)
 
 
 @pytest.fixture
 def remote_code_model(tmp_path: Path, minilm_dir: Path) -> RemoteCodeModel:
-    directory = tmp_path / "remote-code"
-    directory.mkdir()
-    marker = tmp_path / "its-code-ran"
-    for name in ("model.safetensors", "vocab.txt", "tokenizer_config.json",
-                 "special_tokens_map.json"):  # fmt: skip
-        (directory / name).write_bytes((minilm_dir / name).read_bytes())
-    config = json.loads((minilm_dir / "config.json").read_text())
-    config["model_type"] = "embedx-remote"
-    config["auto_map"] = {"AutoConfig": "configuration_x.XConfig", "AutoModel": "modeling_x.XModel"}
-    (directory / "config.json").write_text(json.dumps(config))
-    runs = f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
-    (directory / "configuration_x.py").write_text(
-        runs + "from transformers import BertConfig\n\n"
-        "class XConfig(BertConfig):\n    model_type = 'embedx-remote'\n"
-    )
-    (directory / "modeling_x.py").write_text(
-        runs + "from transformers import BertModel\nfrom .configuration_x import XConfig\n\n"
-        "class XModel(BertModel):\n    config_class = XConfig\n"
-    )
-    return RemoteCodeModel(directory, marker)
-
-
-def cpu_info(key: str = "cpu", score: float = 1.0) -> Any:
-    from embedx.devices import DeviceInfo
-
-    return DeviceInfo(key, "cpu", f"fake {key}", 1 << 34, 1 << 34, 2, None, score)
-
-
-class SlowForward:
-    """Wraps a replica's forward: sleeps for `fixed_s + tokens / rate` (in the device's
-    thread), and can fail or hang on chosen batches. Counts what it ran."""
-
-    def __init__(
-        self,
-        forward: Callable[[Any], Any],
-        *,
-        rate: float | None = None,
-        fixed_s: float = 0.0,
-        fail: Callable[[Any, int], BaseException | None] | None = None,
-        hang_s: Callable[[Any, int], float] | None = None,
-    ) -> None:
-        self.forward = forward
-        self.rate = rate
-        self.fixed_s = fixed_s
-        self.fail = fail
-        self.hang_s = hang_s
-        self.calls = 0
-        self.tokens = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, batch: Any) -> Any:
-        with self._lock:
-            self.calls += 1
-            call = self.calls
-        tokens = int(batch.input_ids.shape[0])
-        error = self.fail(batch, call) if self.fail else None
-        if error is not None:
-            raise error
-        if self.hang_s is not None:
-            time.sleep(self.hang_s(batch, call))
-        if self.rate:
-            time.sleep(self.fixed_s + tokens / self.rate)
-        out = self.forward(batch)
-        with self._lock:
-            self.tokens += tokens
-        return out
+    return build_remote_code_model(tmp_path, minilm_dir)
 
 
 @pytest.fixture
@@ -195,9 +107,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def make_engine(minilm_dir: Path) -> Callable[..., Any]:
-    """An async context manager: a MiniLM (or other) engine on fake CPU devices, closed after."""
-    import asyncio
-
+    """An async context manager: a MiniLM (or other) engine on fake CPU devices, closed after;
+    its batches held to no deadline a busy machine could pass, unless the test sets one."""
     from embedx.engine import EngineOptions, open_engine
     from embedx.models.catalog import ModelSpec
     from embedx.models.pooling import Pooling
@@ -221,7 +132,8 @@ def make_engine(minilm_dir: Path) -> Callable[..., Any]:
         )
         files = await asyncio.to_thread(resolve, spec.source)
         devices_info = [cpu_info(key) for key in devices]
-        engine = await open_engine(spec, files, devices_info, EngineOptions(**options))
+        patient = {"batch_timeout_s": PATIENT["batch_timeout_s"], **options}
+        engine = await open_engine(spec, files, devices_info, EngineOptions(**patient))
         try:
             yield engine
         finally:

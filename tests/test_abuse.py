@@ -18,8 +18,11 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import Server, client, running_server, until_receiving
+from tests.support.waiting import PATIENCE_S
+
+pytestmark = pytest.mark.process  # each test starts a process of its own
 
 # Above 1,024: granian's default cap on the connections it holds, which such clients filled.
 SLOW_CLIENTS = 1100
@@ -106,7 +109,7 @@ def test_a_thousand_slow_bodies_lock_no_one_out_nor_hold_the_stop(tmp_path: Path
         assert waiting.poll(0) == [], "a slow body was answered: it no longer waited"
 
         server.process.send_signal(signal.SIGTERM)
-        assert server.process.wait(60) == 0  # not the 600 s drain: no work was in flight
+        assert server.process.wait(PATIENCE_S) == 0  # not the 600 s drain: no work was in flight
         answers = [status_headers_error(answer(sock)) for sock in stalled]
     assert {(status, error["code"]) for status, _, error in answers} == {(503, "shutting_down")}
 

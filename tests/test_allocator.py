@@ -3,7 +3,6 @@ has glibc give back."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -22,8 +21,9 @@ from embedx.models.catalog import load_catalog
 from embedx.registry import ModelRegistry
 from embedx.server import body as request_body
 from embedx.server.app import create_app
-from tests.conftest import cpu_info
-from tests.test_cli import run
+from tests.support.fakes import cpu_info
+from tests.support.processes import run_embedx
+from tests.support.waiting import next_turn
 
 
 def test_a_preloaded_allocator_is_named_and_none_is_libc(tmp_path: Path) -> None:
@@ -37,6 +37,7 @@ def test_a_preloaded_allocator_is_named_and_none_is_libc(tmp_path: Path) -> None
     assert allocator(tmp_path / "no-such-maps") == "unknown"
 
 
+@pytest.mark.process
 def test_embedx_info_reports_the_allocator_the_loader_preloaded(tmp_path: Path) -> None:
     """A real process: the C library's math library, preloaded under jemalloc's file name,
     shows in its maps as jemalloc would (malloc stays glibc's: only the report is checked)."""
@@ -44,12 +45,12 @@ def test_embedx_info_reports_the_allocator_the_loader_preloaded(tmp_path: Path) 
     libm = next(Path(f) for f in mapped if Path(f).name.startswith(("libm.so", "libm-")))
     stand_in = tmp_path / "libjemalloc.so.2"
     shutil.copy(libm, stand_in)
-    preloaded = run("info", "--json", env={"LD_PRELOAD": str(stand_in)})
+    preloaded = run_embedx("info", "--json", env={"LD_PRELOAD": str(stand_in)})
     assert preloaded.returncode == 0, preloaded.stderr
     assert json.loads(preloaded.stdout)["allocator"] == "jemalloc"
-    plain = run("info", "--json", env={"LD_PRELOAD": ""})
+    plain = run_embedx("info", "--json", env={"LD_PRELOAD": ""})
     assert json.loads(plain.stdout)["allocator"] == "libc"
-    assert "allocator: libc" in run("info", env={"LD_PRELOAD": ""}).stdout
+    assert "allocator: libc" in run_embedx("info", env={"LD_PRELOAD": ""}).stdout
 
 
 GIVE_BACK = """
@@ -70,6 +71,7 @@ print(json.dumps({"kept": kept, "gave": gave, "after": rss_mb()}))
 """
 
 
+@pytest.mark.process
 def test_giving_back_returns_to_the_system_what_glibc_kept_of_freed_blocks() -> None:
     environment = {**os.environ, "LD_PRELOAD": ""}  # glibc's malloc, whatever runs the tests
     ran = subprocess.run(
@@ -100,6 +102,6 @@ async def test_a_body_of_megabytes_has_the_server_give_memory_back_after_its_req
                 "/v1/embeddings", content=body, headers={"content-type": "application/json"}
             )
             assert response.status_code == 404  # no such model: read, parsed, answered
-            await asyncio.sleep(0)  # the loop's next turn
+            await next_turn()
             assert given_back.is_set() == (size == GIVE_BACK_AFTER_BYTES)
     assert sizes == [GIVE_BACK_AFTER_BYTES - 100, GIVE_BACK_AFTER_BYTES]

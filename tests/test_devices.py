@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -17,7 +17,8 @@ from embedx.devices import (
     token_budget,
 )
 from embedx.errors import ConfigError, DeviceHung
-from tests.conftest import cpu_info
+from tests.support.fakes import cpu_info
+from tests.support.waiting import PATIENCE_S, eventually_async
 
 pytestmark = pytest.mark.anyio
 
@@ -58,30 +59,30 @@ def test_budget_comes_from_free_memory_and_bytes_per_token() -> None:
 
 async def test_the_cpu_runs_work_on_its_thread_and_reports_the_time() -> None:
     accelerator = CpuAccelerator(cpu_info())
-    loop_thread = asyncio.get_running_loop()
+    started, released = threading.Event(), threading.Event()
 
-    def work() -> str:
-        time.sleep(0.05)
-        return "done"
+    def work() -> str:  # runs until the event loop, still free, lets it end
+        started.set()
+        assert released.wait(PATIENCE_S)
+        return threading.current_thread().name
 
     launched = accelerator.launch(work)
-    ticks = 0
-    while not launched.future.done():  # the event loop keeps running meanwhile
-        ticks += 1
-        await asyncio.sleep(0.005)
-    output, seconds = await accelerator.result(launched, 5.0)
-    assert output == "done"
-    assert seconds >= 0.05
-    assert ticks >= 3
-    assert loop_thread
+    await eventually_async(started.is_set)
+    assert not launched.future.done()
+    released.set()
+    output, seconds = await accelerator.result(launched, PATIENCE_S)
+    assert output.startswith("embedx-cpu")
+    assert seconds > 0
     accelerator.close()
 
 
 async def test_a_batch_past_its_deadline_raises_device_hung() -> None:
     accelerator = CpuAccelerator(cpu_info("slowpoke"))
-    launched = accelerator.launch(lambda: time.sleep(0.5))
+    released = threading.Event()
+    launched = accelerator.launch(lambda: released.wait(PATIENCE_S))  # hangs till released
     with pytest.raises(DeviceHung, match="slowpoke"):
         await accelerator.result(launched, 0.05)
+    released.set()
     accelerator.close()
 
 
@@ -130,6 +131,7 @@ async def test_a_gpu_whose_batch_hung_is_closed_without_waiting_for_it() -> None
     assert not emptied
 
 
+@pytest.mark.process
 def test_a_cpu_accelerator_turns_off_onednn_primitive_caching_unless_set() -> None:
     """Batches come in every shape; oneDNN's per-shape cache grew a CPU process without end
     (MiniLM, 240 requests of 100 texts). Importing embedx leaves the environment alone."""

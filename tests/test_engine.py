@@ -1,14 +1,13 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import gc
 import json
 import logging
 import shutil
 import threading
-import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +18,12 @@ import torch
 from embedx import heap
 from embedx.engine import EmbedOptions, Engine
 from embedx.errors import EmptyInput, InputTooLong, InvalidInput, UnsupportedDimensions
-from tests.conftest import DATA, SlowForward
+from tests.support.corpus import lee50
+from tests.support.fakes import Gate, oom, wrap
+from tests.support.reference import decoded
+from tests.support.waiting import PATIENCE_S, eventually_async, next_turn
 
 pytestmark = pytest.mark.anyio
-
-
-def wrap(engine: Engine, device: str, **behaviour: Any) -> SlowForward:
-    """Replace one device's forward with a slowed or faulty one; returns the wrapper."""
-    for replica in engine.replicas:
-        if replica.accelerator.info.label == device:
-            wrapper = SlowForward(replica.model.forward, **behaviour)
-            replica.model.forward = wrapper  # type: ignore[method-assign]
-            return wrapper
-    raise AssertionError(f"no device {device}")
-
-
-def oom(message: str = "CUDA out of memory (injected)") -> BaseException:
-    return torch.OutOfMemoryError(message)
 
 
 async def test_one_device_matches_sentence_transformers(
@@ -67,17 +55,8 @@ def pearson(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-@pytest.fixture
-def lee50() -> tuple[list[str], np.ndarray]:
-    with open(DATA / "lee50.jsonl") as lines:
-        texts = [json.loads(line)["text"] for line in lines]
-    return texts, np.loadtxt(DATA / "lee50_similarity.txt")
-
-
-async def test_lee50_human_similarity_is_reproduced(
-    make_engine: Callable[..., Any], lee50: tuple[list[str], np.ndarray]
-) -> None:
-    texts, human = lee50
+async def test_lee50_human_similarity_is_reproduced(make_engine: Callable[..., Any]) -> None:
+    texts, human = lee50()
     async with make_engine(("cpu",)) as engine:
         vectors = (await engine.embed(texts)).vectors
     cosine = vectors @ vectors.T
@@ -163,8 +142,7 @@ async def test_a_cancelled_request_frees_its_items(
     async with make_engine(("cpu",), max_batch_tokens=256) as engine:
         wrap(engine, "cpu", rate=20_000)
         task = asyncio.create_task(engine.embed(reference_texts))
-        while engine.queue.pending_items == 0:  # noqa: ASYNC110 (polls the queue it must not touch)
-            await asyncio.sleep(0.01)
+        await eventually_async(lambda: engine.queue.pending_items)  # its texts are queued
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -178,15 +156,15 @@ async def test_a_cancelled_requests_items_and_token_ids_leave_the_queue(
     make_engine: Callable[..., Any], reference_texts: list[str]
 ) -> None:
     async with make_engine(("cpu",), max_batch_tokens=256) as engine:
-        wrap(engine, "cpu", rate=5_000)  # most texts still queued when the request leaves
+        gate = Gate()  # the device holds its first batch: no claim sweeps the buckets
+        wrap(engine, "cpu", gate=gate)
         task = asyncio.create_task(engine.embed(reference_texts * 4))
-        while engine.queue.pending_items < 1000:  # noqa: ASYNC110 (polls the queue)
-            await asyncio.sleep(0.01)
+        await eventually_async(lambda: engine.queue.pending_items >= 1000)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await asyncio.sleep(0.3)  # the device is idle again: no claim sweeps the buckets
         assert engine.queue.pending_items == 0
         assert not list(engine.queue._pending.items())  # nor keeps their ids for keep_alive
+        gate.open()
 
 
 async def test_closing_as_a_batch_finishes_ends_the_workers(
@@ -195,28 +173,41 @@ async def test_closing_as_a_batch_finishes_ends_the_workers(
     async with make_engine(("cpu",), smoke_test=False) as engine:
         loop = asyncio.get_running_loop()
         replica = engine.replicas[0]
-        forward = replica.model.forward
+        forward, launch = replica.model.forward, replica.accelerator.launch
+        launches: list[Any] = []
         closing: list[asyncio.Future[None]] = []
+
+        def recorded_launch(work: Callable[[], Any]) -> Any:
+            launches.append(launch(work))
+            return launches[-1]
 
         def forward_then_close(batch: Any) -> Any:
             out = forward(batch)
             if not closing:
                 closing.append(loop.create_future())
-                # the loop busy a moment while the batch finishes and a close is asked for:
-                # both run in one turn, the batch's result landing on a cancelled worker
-                loop.call_soon_threadsafe(time.sleep, 0.3)
-                time.sleep(0.05)
+                # The loop held busy while the batch finishes and a close is asked for: both
+                # run in one turn, the batch's result landing on a cancelled worker.
+                stalled, posted = threading.Event(), threading.Event()
+
+                def stall() -> None:  # until the batch's result is posted to the loop
+                    launches[-1].future.add_done_callback(lambda _: posted.set())
+                    stalled.set()
+                    posted.wait(PATIENCE_S)
+
+                loop.call_soon_threadsafe(stall)
+                stalled.wait(PATIENCE_S)
                 loop.call_soon_threadsafe(
                     lambda: closing.append(asyncio.ensure_future(engine.close()))
                 )
             return out
 
         replica.model.forward = forward_then_close
+        replica.accelerator.launch = recorded_launch
         embedding = asyncio.ensure_future(engine.embed(["one text"]))
-        while len(closing) < 2:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+        await eventually_async(lambda: len(closing) == 2)
         await asyncio.gather(embedding, return_exceptions=True)
-        await asyncio.wait_for(closing[1], 10)  # 3.11's wait_for kept the worker: for ever
+        # 3.11's wait_for kept the worker: for ever
+        await asyncio.wait_for(closing[1], PATIENCE_S)
         assert all(task.done() for task in engine._tasks)
 
 
@@ -237,7 +228,13 @@ async def test_a_device_out_of_memory_empties_its_cache_once_its_replica_is_gone
         if replica.accelerator.info.key != "short":
             return await probe(replica, plan)
         models.append(weakref.ref(replica.model))
-        await asyncio.sleep(0.01)
+        # The thread that built it lets go of it (its future's result) in its own time: with
+        # the future still holding it, nothing the engine does could free it.
+        def let_go() -> bool:
+            held_by = gc.get_referrers(replica.model)
+            return not any(isinstance(r, Future | asyncio.Future) for r in held_by)
+
+        await eventually_async(let_go)
         raise oom("CUDA out of memory (injected, in a probe batch)")
 
     def emptied(self: CpuAccelerator) -> None:  # where CudaAccelerator empties its cache
@@ -293,11 +290,14 @@ async def test_a_device_failing_every_batch_is_quarantined_and_the_others_finish
 async def test_a_hanging_device_is_quarantined_and_its_items_finished_elsewhere(
     make_engine: Callable[..., Any], reference_texts: list[str], st_reference: np.ndarray
 ) -> None:
-    # A hang is 20 times a batch's expected time, and at least batch_timeout_s.
-    async with make_engine(("good", "hangs"), max_batch_tokens=256, batch_timeout_s=0.5) as engine:
-        hang = wrap(engine, "hangs", hang_s=lambda b, n: 4.0)
+    # A hang is 20 times a batch's expected time, and at least batch_timeout_s: 5 s, which a
+    # batch of 256 tokens passes on no machine however busy, and a batch held at a gate does.
+    async with make_engine(("good", "hangs"), max_batch_tokens=256, batch_timeout_s=5) as engine:
+        held = Gate()
+        hang = wrap(engine, "hangs", gate=held)
         result = await engine.embed(reference_texts[:200])
         slot = next(w.slot for w in engine.workers if w.slot.name == "hangs")
+        held.open()  # its thread ends
     assert np.abs(result.vectors - st_reference[:200]).max() < 1e-5
     assert not slot.active
     assert "ran past" in (slot.reason or "")
@@ -493,11 +493,6 @@ def test_engine_module_has_no_http(tmp_path: Path) -> None:
     assert "granian" not in source
 
 
-def decoded(rows: np.ndarray) -> np.ndarray:
-    """(N, L) uint8 base64 rows back to (N, D) float32."""
-    return np.stack([np.frombuffer(base64.b64decode(row.tobytes()), "<f4") for row in rows])
-
-
 async def test_base64_rows_are_the_float_rows_encoded(
     make_engine: Callable[..., Any], reference_texts: list[str]
 ) -> None:
@@ -546,21 +541,27 @@ async def test_a_request_cancelled_while_its_texts_share_a_batch_leaves_the_othe
     async with make_engine(("cpu",), model_dir=tiny_models["bert-base"], max_seq_len=64) as engine:
         alone = (await engine.embed(texts)).vectors
         slot = engine.queue.devices[0]
-        wrap(engine, "cpu", rate=1e9, fixed_s=0.3)
+        gate = Gate()  # each batch runs when the test lets it
+        device = wrap(engine, "cpu", gate=gate)
         busy = asyncio.create_task(engine.embed(["keeps the device busy"]))
-        for _ in range(100):
-            if slot.inflight:
-                break
-            await asyncio.sleep(0.01)
+        await eventually_async(lambda: device.calls)  # held at the gate
         leaving = asyncio.create_task(engine.embed(reference_texts[40:80]))
         staying = asyncio.create_task(engine.embed(texts))
-        for _ in range(300):  # until one batch holds texts of both
-            if any(len({id(i.job) for i in c.items}) >= 2 for c in slot.inflight):
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the two requests never shared a batch")
-        leaving.cancel()
+        await eventually_async(lambda: engine.queue.pending_items == 80)  # both queued
+
+        def shared() -> bool:
+            return any(len({id(i.job) for i in c.items}) >= 2 for c in slot.inflight)
+
+        def ran_after(calls: int) -> Callable[[], bool]:
+            return lambda: device.calls > calls or staying.done()
+
+        while not shared():  # a batch at a time, until one holds texts of both
+            assert not staying.done(), "the two requests never shared a batch"
+            next_batch = ran_after(device.calls)
+            gate.step()
+            await eventually_async(next_batch)
+        leaving.cancel()  # as that batch runs
+        gate.open()
         result = await staying
         await busy
         assert np.allclose(result.vectors, alone, atol=1e-5)
@@ -588,17 +589,18 @@ async def test_requests_sharing_a_batch_each_get_the_rows_they_asked_for(
     async with make_engine(("cpu",), model_dir=tiny_models["bert-base"], max_seq_len=64) as engine:
         alone = (await engine.embed(texts, EmbedOptions(normalize=False))).vectors
         # the requests queue while a first, slow batch runs, so they share the next ones
-        wrap(engine, "cpu", rate=1e9, fixed_s=0.3)
+        gate = Gate()
+        device = wrap(engine, "cpu", gate=gate)
         busy = asyncio.create_task(engine.embed(["keeps the device busy"]))
-        for _ in range(100):
-            if engine.queue.devices[0].inflight:
-                break
-            await asyncio.sleep(0.01)
-        assert engine.queue.devices[0].inflight
+        await eventually_async(lambda: device.calls)  # held at the gate
         forms = [(unit, b64) for unit in (True, False) for b64 in (True, False)]
-        results = await asyncio.gather(
-            *(engine.embed(texts, EmbedOptions(normalize=u, base64=b)) for u, b in forms)
-        )
+        requests = [
+            asyncio.create_task(engine.embed(texts, EmbedOptions(normalize=u, base64=b)))
+            for u, b in forms
+        ]
+        await eventually_async(lambda: engine.queue.pending_items == len(forms) * len(texts))
+        gate.open()
+        results = await asyncio.gather(*requests)
         await busy
     assert not np.allclose(np.linalg.norm(alone, axis=1), 1.0)  # this model has no Normalize
     unit = alone / np.linalg.norm(alone, axis=1, keepdims=True)
@@ -680,7 +682,15 @@ async def test_waiting_out_a_failed_launch_leaves_the_event_loop_free(
     loop, serving every other request and model, must not wait with it."""
     from embedx.devices import CpuAccelerator
 
-    monkeypatch.setattr(CpuAccelerator, "synchronize", lambda self: time.sleep(1.0))
+    loop = asyncio.get_running_loop()
+    loop_ran: list[bool] = []
+
+    def synchronize(self: CpuAccelerator) -> None:  # a stream that ends once the loop has run
+        ran = threading.Event()
+        loop.call_soon_threadsafe(ran.set)
+        loop_ran.append(ran.wait(PATIENCE_S))
+
+    monkeypatch.setattr(CpuAccelerator, "synchronize", synchronize)
     async with make_engine(("cpu",), smoke_test=False) as engine:
         replica = engine.replicas[0]
         pack = replica.pack
@@ -694,20 +704,10 @@ async def test_waiting_out_a_failed_launch_leaves_the_event_loop_free(
             return pack(*args)
 
         monkeypatch.setattr(replica, "pack", fails_first)
-        ticks = 0
-
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.02)
-                ticks += 1
-
-        ticker = asyncio.create_task(tick())
         result = await engine.embed(["a text", "another one"])  # the retry serves it
-        ticker.cancel()
         assert len(result.vectors) == 2
         assert packed == 2
-        assert ticks >= 25, f"the loop ticked {ticks} times in the 1 s wait"
+        assert loop_ran == [True], "the loop waited for the stream"
 
 
 async def test_a_device_short_of_memory_for_a_probe_batch_is_skipped_and_closed(
@@ -735,13 +735,11 @@ async def test_a_device_short_of_memory_for_a_probe_batch_is_skipped_and_closed(
 async def test_a_close_cancelled_midway_still_finishes(make_engine: Callable[..., Any]) -> None:
     async with make_engine() as engine:
         closing = asyncio.create_task(engine.close())
-        await asyncio.sleep(0)
+        await next_turn()  # the close has begun
         closing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await closing
-        await asyncio.sleep(0.5)
-        assert engine.queue.closed
-        assert not engine.replicas
+        await eventually_async(lambda: engine.queue.closed and not engine.replicas)
 
 
 def test_a_load_that_failed_for_the_device_or_host_is_a_503_not_the_files_fault() -> None:

@@ -13,7 +13,7 @@ import torch
 
 from embedx.engine import EmbedOptions, ScoreOptions
 from embedx.errors import InputTooLong, InvalidInput, WrongModelTask
-from tests.conftest import SlowForward
+from tests.support.fakes import SlowForward
 
 pytestmark = pytest.mark.anyio
 

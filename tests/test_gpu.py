@@ -21,7 +21,8 @@ from embedx.engine.outputs import FLOATS, RowForm
 from embedx.models.catalog import ModelSpec
 from embedx.models.pooling import Pooling
 from embedx.models.source import resolve
-from tests.test_engine import decoded, oom, wrap
+from tests.support.fakes import oom, spin_gpu, wrap
+from tests.support.reference import decoded, forward
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -97,8 +98,6 @@ def test_base64_on_the_gpu_is_standard_base64(dimensions: int) -> None:
 async def test_flash_varlen_matches_the_float32_cpu_forward(
     tiny_models: dict[str, Path], reference_texts: list[str], shape: str, pooling: str
 ) -> None:
-    from tests.test_models import forward
-
     texts = reference_texts[:64]
     expected = forward(tiny_models[shape], pooling, "native", texts)
     async with cuda_engine(tiny_models[shape], pooling=pooling, max_seq_len=64) as engine:
@@ -121,12 +120,11 @@ async def test_cuda_oom_halves_the_budget_and_the_request_succeeds(
 async def test_a_hung_gpu_is_quarantined_and_the_cpu_finishes(
     minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
 ) -> None:
-    # load the spin kernel now: a first launch synchronizes the device
-    torch.cuda._sleep(1)  # type: ignore[no-untyped-call]  # torch's private test helper
+    spin_gpu(1)  # load the spin kernel now: a first launch synchronizes the device
 
     def hang_first(batch: Any, call: int) -> BaseException | None:
         if call == 1:
-            torch.cuda._sleep(4_000_000_000)  # type: ignore[no-untyped-call]  # about 2 s busy
+            spin_gpu(4_000_000_000)  # about 2 s busy
         return None
 
     async with cuda_engine(

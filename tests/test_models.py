@@ -32,20 +32,13 @@ from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, tok
 from embedx.models.pooling import Pooling, pool
 from embedx.models.source import check_exists, resolve
 from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, Input, TextTokenizer
-from tests.conftest import RemoteCodeModel
+from tests.support.fakes import TickingClock
+from tests.support.models import RemoteCodeModel
+from tests.support.reference import forward
+from tests.support.waiting import PATIENCE_S, eventually_async
 
 CPU = torch.device("cpu")
 TEXTS = ["hello world", "a somewhat longer sentence, with more words in it", "x " * 40, "fox"]
-
-
-def forward(
-    directory: Path, pooling: str, implementation: str, texts: list[str], bucketed: bool = False
-) -> np.ndarray:
-    files = resolve(str(directory))
-    ids = TextTokenizer(files, 64).encode_now(texts).views()
-    model = EmbeddingModel(files, Pooling(pooling), CPU, "float32", implementation)
-    model.bucket_pooled_rows = bucketed  # what CUDA does, with the padded token rows
-    return model.forward(to_device(pack(ids, budget=16384 if bucketed else None), CPU)).numpy()
 
 
 # -- where files come from -----------------------------------------------------------------
@@ -417,8 +410,8 @@ async def test_a_tokenizer_thread_that_dies_of_a_bug_fails_its_callers_and_start
     monkeypatch.setattr(tokenizer, "_next_call", next_call)
     try:
         with pytest.raises(RuntimeError, match="injected"):  # heard, not waited for forever
-            await asyncio.wait_for(all_ids(tokenizer, reference_texts[:10]), 30)
-        got = await asyncio.wait_for(all_ids(tokenizer, reference_texts[:10]), 30)
+            await asyncio.wait_for(all_ids(tokenizer, reference_texts[:10]), PATIENCE_S)
+        got = await asyncio.wait_for(all_ids(tokenizer, reference_texts[:10]), PATIENCE_S)
         assert got == [e.ids for e in encode_all(minilm_dir, reference_texts[:10])]
     finally:
         tokenizer.close()
@@ -426,21 +419,32 @@ async def test_a_tokenizer_thread_that_dies_of_a_bug_fails_its_callers_and_start
 
 @pytest.mark.anyio
 async def test_the_tokenizer_thread_counts_its_time_waiting_for_texts(
-    minilm_dir: Path, reference_texts: list[str]
+    minilm_dir: Path, reference_texts: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from embedx.models import tokenizer as tokenizer_module
+
+    clock = TickingClock()
+    monkeypatch.setattr(tokenizer_module, "time", SimpleNamespace(monotonic=clock))
     tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
+
+    async def waiting() -> None:  # until the thread waits for texts
+        await eventually_async(lambda: tokenizer._idle_since is not None)
+
     try:
         for _ in range(3):  # the thread waits between these, 0.2 s each time
             async for _ in tokenizer.encode_chunks(reference_texts[:100]):
                 pass
-            await asyncio.sleep(0.2)
+            await waiting()
+            clock.advance(0.2)
         async for _ in tokenizer.encode_chunks(reference_texts[:100]):
             pass
-        await asyncio.sleep(0.3)  # waiting now: /info counts this wait before it ends
-        assert tokenizer.idle_seconds() > tokenizer.idle_s + 0.25
+        await waiting()
+        clock.advance(0.3)  # waiting now: /info counts this wait before it ends
+        assert tokenizer.idle_seconds() > tokenizer.idle_s + 0.3
     finally:
         tokenizer.close()
-    assert 0.5 < tokenizer.idle_s < 5
+    # the three waits, the last one's too once the thread hears the close (and the ticks)
+    assert 0.6 < tokenizer.idle_s < 0.91
     assert 0 < tokenizer.free_s < tokenizer.idle_s  # the calls' encodings, between calls
 
 
@@ -474,7 +478,7 @@ async def test_a_text_too_long_fails_its_own_request_and_not_the_others_in_its_c
     def held(texts: list[str]) -> Any:  # the first call waits until both requests queue
         if not entered.is_set():
             entered.set()
-            release.wait(10)
+            release.wait(PATIENCE_S)
         return encode(texts)
 
     tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=held)  # type: ignore[assignment]
@@ -488,9 +492,9 @@ async def test_a_text_too_long_fails_its_own_request_and_not_the_others_in_its_c
         ]
 
     holding = tokenizer._start(["holds the thread"], truncate=True, offset=0)
-    assert await asyncio.to_thread(entered.wait, 10)
+    assert await asyncio.to_thread(entered.wait, PATIENCE_S)
     requests = [asyncio.ensure_future(ids(truncate)) for truncate in (False, True)]
-    await asyncio.sleep(0.1)  # both queue their texts
+    await eventually_async(lambda: len(tokenizer._waiting) == 2)  # both queue their texts
     release.set()
     refused, served = await asyncio.gather(*requests, return_exceptions=True)
     assert isinstance(refused, InputTooLong)
@@ -518,25 +522,25 @@ async def test_a_failed_call_reaches_every_waiter_and_closing_fails_those_still_
     refused = [tokenizer._start([text], truncate=True, offset=0) for text in ("one", "two")]
     for future in refused:
         with pytest.raises(Panic):
-            await asyncio.wait_for(future, 10)
+            await asyncio.wait_for(future, PATIENCE_S)
     # and the thread lives on for the next call:
 
     def held(texts: list[str]) -> Any:  # the next call waits until released
         entered.set()
-        release.wait(10)
+        release.wait(PATIENCE_S)
         return encode(texts)
 
     tokenizer._tokenizer = SimpleNamespace(encode_batch_fast=held)  # type: ignore[assignment]
     running = tokenizer._start(["in the call when it closes"], truncate=True, offset=0)
-    assert await asyncio.to_thread(entered.wait, 10)
+    assert await asyncio.to_thread(entered.wait, PATIENCE_S)
     queued = tokenizer._start(["queued behind it"], truncate=True, offset=0)
     tokenizer.close()
     release.set()
     assert (await running).lengths[0] > 0  # the call under way finishes
     with pytest.raises(ShuttingDown):
-        await asyncio.wait_for(queued, 10)  # rather than waiting forever
+        await asyncio.wait_for(queued, PATIENCE_S)  # rather than waiting forever
     assert tokenizer._thread is not None
-    tokenizer._thread.join(10)
+    tokenizer._thread.join(PATIENCE_S)
     assert not tokenizer._thread.is_alive()
     with pytest.raises(ShuttingDown):
         tokenizer._start(["after it closed"], truncate=True, offset=0)

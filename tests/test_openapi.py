@@ -25,7 +25,8 @@ from embedx.server.app import create_app
 from embedx.server.openapi import openapi_spec
 from embedx.server.protocol.openai import parse_openai
 from embedx.server.protocol.tei import parse_tei
-from tests.conftest import MINILM_NAME, cpu_info
+from tests.support.fakes import cpu_info
+from tests.support.models import MINILM_NAME
 
 KEY = "test-key"
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import running_server
+
+pytestmark = pytest.mark.process  # each test starts a process of its own
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 # Run after the snippet that reads the body by hand: its rows are the ones the SDK makes

@@ -17,7 +17,9 @@ from embedx.errors import InvalidModel, ModelNotFound, ModelsBusy, PoolingConfli
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
 from embedx.registry import LoadRequest, ModelRegistry, local_name
-from tests.conftest import MINILM_NAME, cpu_info
+from tests.support.fakes import cpu_info
+from tests.support.models import MINILM_NAME
+from tests.support.waiting import eventually_async, until
 
 pytestmark = pytest.mark.anyio
 
@@ -191,11 +193,14 @@ async def test_keep_alive_zero_unloads_when_the_last_user_leaves_and_frees_memor
     async with models.lease(str(minilm_dir), LoadRequest(pooling="mean", keep_alive_s=0)) as engine:
         weights = weakref.ref(engine.replicas[0].model.encoder.word)  # type: ignore[attr-defined]
         await engine.embed(["held"])
-    await asyncio.sleep(0.1)  # the unload runs in the background
-    del engine
-    gc.collect()
     assert models.residents() == []
-    assert weights() is None, "the weights are still referenced after eviction"
+    del engine
+
+    def freed() -> bool:  # the unload runs in the background
+        gc.collect()
+        return weights() is None
+
+    await eventually_async(freed, message="the weights are still referenced after eviction")
 
 
 async def test_an_idle_model_is_freed_while_another_keeps_the_heap_frozen(
@@ -208,14 +213,15 @@ async def test_an_idle_model_is_freed_while_another_keeps_the_heap_frozen(
     async with models.lease("bert-large", LoadRequest(keep_alive_s=0)) as engine:
         weights = weakref.ref(engine.replicas[0].model.encoder.word)  # type: ignore[attr-defined]
     del engine
-    for _ in range(100):  # the unload runs in the background
+
+    def freed() -> bool:  # the unload runs in the background
         gc.collect()
-        if weights() is None and gc.get_freeze_count() > 0:
-            break
-        await asyncio.sleep(0.05)
+        return weights() is None
+
+    await eventually_async(freed, message="the unloaded model's weights are still referenced")
+    # the unload's end freezes the heap again
+    await eventually_async(gc.get_freeze_count, message="the heap was left thawed after an unload")
     assert [r.spec.name for r in models.residents()] == ["bert-base"]
-    assert weights() is None, "the unloaded model's weights are still referenced"
-    assert gc.get_freeze_count() > 0, "the heap was left thawed after an unload"
     await models.drain(5)
     heap.manage(False)
 
@@ -225,8 +231,7 @@ async def test_an_idle_model_unloads_after_its_keep_alive(minilm_dir: Path) -> N
     async with models.lease(str(minilm_dir), LoadRequest(pooling="mean", keep_alive_s=0.3)):
         pass
     assert len(models.residents()) == 1
-    await asyncio.sleep(0.6)
-    assert models.residents() == []
+    await eventually_async(lambda: models.residents() == [], message="never idled out")
 
 
 async def test_a_model_whose_every_request_left_during_its_load_still_idles_out(
@@ -240,14 +245,15 @@ async def test_a_model_whose_every_request_left_during_its_load_still_idles_out(
             raise AssertionError("cancelled before the load finished")
 
     waiting = asyncio.create_task(gives_up())
-    await asyncio.sleep(0.05)
+    await eventually_async(lambda: models._models)  # its load has begun
     (resident,) = models._models.values()
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
     assert resident.task is not None
     await resident.task  # the load goes on for the next request
-    await asyncio.sleep(0.6)
-    assert not models.residents(), "loaded, unused, and never unloaded"
+    await eventually_async(
+        lambda: not models.residents(), message="loaded, unused, and never unloaded"
+    )
     await models.drain(5)
 
 
@@ -257,8 +263,10 @@ async def test_a_model_asked_for_as_it_unloads_loads_once_its_memory_is_free(
     events: list[str] = []
     close, load = Engine.close, Engine.load
 
+    emptied = asyncio.Event()
+
     async def slow_close(self: Engine, error: BaseException | None = None) -> None:
-        await asyncio.sleep(0.3)  # a GPU's cache takes a moment to empty
+        await emptied.wait()  # a GPU's cache takes a while to empty: until the test says
         await close(self, error)
         events.append("closed")
 
@@ -270,9 +278,16 @@ async def test_a_model_asked_for_as_it_unloads_loads_once_its_memory_is_free(
     monkeypatch.setattr(Engine, "load", recorded_load)
     models = registry()
     request = LoadRequest(pooling="mean", keep_alive_s=0)
-    for _ in range(2):  # unloaded as the first lease ends, asked for again at once
+
+    async def use() -> None:
         async with models.lease(str(minilm_dir), request):
             pass
+
+    await use()  # unloaded as it ends, its memory not yet free
+    again = asyncio.create_task(use())  # asked for again at once
+    await eventually_async(lambda: models._models)  # its load has begun, and waits
+    emptied.set()
+    await again
     await models.drain(5)
     assert events[:3] == ["loading", "closed", "loading"]
 
@@ -298,8 +313,8 @@ async def test_preloaded_models_stay_loaded_unless_their_entry_says_otherwise(
     models = registry(tiny_models, max_loaded_models=2, default_keep_alive_s=0.2)
     models.catalog["qwen3-0.6b"] = models.catalog["qwen3-0.6b"].with_overrides(keep_alive_s=0.2)
     await models.preload(["bert-base", "qwen3-0.6b"])
-    await asyncio.sleep(0.5)  # qwen3's entry sets its keep-alive: it idles out
-    assert [r.spec.name for r in models.residents()] == ["bert-base"]
+    # qwen3's entry sets its keep-alive: it idles out; bert-base, idle as long, would have too
+    await eventually_async(lambda: [r.spec.name for r in models.residents()] == ["bert-base"])
     assert models.degraded() == []  # as asked: /health stays ok
     for name in ("bert-large", "qwen3-0.6b"):  # the cap is 2: never by evicting bert-base
         async with models.lease(name):
@@ -339,15 +354,16 @@ async def test_the_cap_holds_under_concurrent_cold_loads_and_busy_models_are_kep
     tiny_models: dict[str, Path],
 ) -> None:
     models = registry(tiny_models, max_loaded_models=2)
-    peak = 0
+    peak = holding = 0
     gate = asyncio.Event()
     refusals: list[ModelsBusy] = []
 
     async def hold(name: str) -> str:
-        nonlocal peak
+        nonlocal peak, holding
         try:
             async with models.lease(name):
                 peak = max(peak, len(models.residents()))
+                holding += 1
                 await gate.wait()
                 return "served"
         except ModelsBusy as exc:
@@ -355,7 +371,7 @@ async def test_the_cap_holds_under_concurrent_cold_loads_and_busy_models_are_kep
             return "busy"
 
     tasks = [asyncio.create_task(hold(n)) for n in tiny_models]
-    await asyncio.sleep(0.5)
+    await eventually_async(lambda: holding + len(refusals) == len(tasks))  # each served or not
     gate.set()
     outcomes = await asyncio.gather(*tasks)
     assert peak <= 2
@@ -380,7 +396,6 @@ async def test_loads_are_limited_by_max_concurrent_loads(
         running += 1
         most = max(most, running)
         try:
-            await asyncio.sleep(0.05)
             return await original(cls, *args, **kwargs)
         finally:
             running -= 1
@@ -418,6 +433,7 @@ async def test_describe_lists_what_info_shows(minilm_dir: Path) -> None:
     await models.drain(5)
 
 
+@pytest.mark.process
 def test_registry_module_imports_without_torch() -> None:
     import subprocess
     import sys
@@ -436,10 +452,13 @@ async def test_a_request_waiting_for_a_load_when_the_server_drains_is_told_so(
     from embedx import engine as engine_module
     from embedx.errors import ShuttingDown
 
-    async def slow(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        await asyncio.sleep(60)
+    loading = asyncio.Event()
 
-    monkeypatch.setattr(engine_module.Engine, "load", classmethod(slow))
+    async def endless(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        loading.set()
+        await asyncio.Event().wait()  # until cancelled
+
+    monkeypatch.setattr(engine_module.Engine, "load", classmethod(endless))
     models = registry()
 
     async def use() -> None:
@@ -447,7 +466,7 @@ async def test_a_request_waiting_for_a_load_when_the_server_drains_is_told_so(
             pass
 
     waiting = asyncio.create_task(use())
-    await asyncio.sleep(0.2)
+    await until(loading)
     await models.drain(0)
     with pytest.raises(ShuttingDown) as caught:  # a 503, not a cancelled request
         await waiting
@@ -482,7 +501,8 @@ async def test_a_max_seq_len_sent_while_the_model_loads_is_checked_once_it_has(
             pass
 
     first = asyncio.create_task(use(LoadRequest(pooling="mean")))
-    await asyncio.sleep(0)  # the load has started; the model's length is not known yet
+    # the load has started; the model's length is not known yet
+    await eventually_async(lambda: models._models)
     with pytest.raises(InvalidOption, match="reads 256 tokens"):
         await use(LoadRequest(max_seq_len=16))
     await first

@@ -11,7 +11,7 @@ import pytest
 
 from embedx.allocator import allocator
 from embedx.server.app import ROUTES
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import InProcess, in_process, metric, resolved, samples
 
 pytestmark = pytest.mark.anyio

@@ -17,8 +17,10 @@ from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
 from embedx.registry import ModelRegistry
 from embedx.server.admission import Admission, ByteBudget
-from tests.conftest import MINILM_NAME, cpu_info
+from tests.support.fakes import cpu_info
+from tests.support.models import MINILM_NAME
 from tests.support.server import assert_envelope, in_process
+from tests.support.waiting import next_turn
 
 pytestmark = pytest.mark.anyio
 
@@ -46,13 +48,13 @@ async def test_a_request_cancelled_as_its_slot_frees_does_not_run() -> None:
             await hold.wait()
 
     first = asyncio.create_task(request("first", first_done))
-    await asyncio.sleep(0)  # a turn of the loop: its first step takes the free slot
+    await next_turn()  # a turn of the loop: its first step takes the free slot
     assert admission.running == 1
     second = asyncio.create_task(request("second, its client gone", asyncio.Event()))
-    await asyncio.sleep(0)  # its first step waits for the slot
+    await next_turn()  # its first step waits for the slot
     assert admission.waiting == 1
     first_done.set()
-    await asyncio.sleep(0)  # `first` leaves its slot, which the semaphore hands to `second`...
+    await next_turn()  # `first` leaves its slot, which the semaphore hands to `second`...
     second.cancel()  # ...whose client hangs up in the same turn (3.11's wait_for ran it anyway)
     await asyncio.gather(first, second, return_exceptions=True)
     assert entered == ["first"]
@@ -131,7 +133,7 @@ async def test_a_small_body_that_fits_passes_a_large_one_waiting_which_then_runs
         return taken
 
     large = asyncio.create_task(reserve("large", 1000))  # the whole budget, once it is free
-    await asyncio.sleep(0)
+    await next_turn()
     small = await reserve("small", 10)  # fits beside the first: not held up by the large one
     assert order == ["small"]
     budget.release(first)
@@ -145,9 +147,9 @@ async def test_a_wait_given_up_gives_its_place_and_its_bytes_back() -> None:
     budget = ByteBudget(100, 60.0)
     held = await budget.reserve(100)
     gone = asyncio.create_task(budget.reserve(80))  # its client leaves while it waits
-    await asyncio.sleep(0)
+    await next_turn()
     behind = asyncio.create_task(budget.reserve(30))
-    await asyncio.sleep(0)
+    await next_turn()
     budget.release(held)  # grants `gone`, whose task is cancelled before it resumes
     gone.cancel()
     with pytest.raises(asyncio.CancelledError):

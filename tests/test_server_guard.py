@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from embedx.server import app as app_module
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import InProcess, assert_envelope, in_process, sdk
 
 pytestmark = pytest.mark.anyio

@@ -3,7 +3,6 @@ CPU devices, one of which fails every batch."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,9 @@ from embedx.registry import ModelRegistry
 from embedx.registry import registry as registry_module
 from embedx.server.app import create_app
 from embedx.server.guard import Guard
-from tests.conftest import SlowForward, cpu_info
+from tests.support.fakes import SlowForward, cpu_info
 from tests.support.server import metric
+from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.anyio
 
@@ -145,13 +145,13 @@ async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_do
     async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
         body = {"model": "m", "input": ["a text"]}
         assert (await client.post("/v1/embeddings", json=body)).status_code == 503
-        health = await client.get("/health")
-        for _ in range(200):  # its load again is under way: it fails at once
-            if health.status_code == 503:
-                break
-            await asyncio.sleep(0.05)
+
+        async def failing() -> httpx.Response | None:  # its load again fails at once
             health = await client.get("/health")
-        assert health.status_code == 503
+            return health if health.status_code == 503 else None
+
+        health = await eventually_async(failing)
+        assert health is not None
         assert health.json()["status"] == "failing"
         assert health.json()["failing"] == ["m"]
         metrics = (await client.get("/metrics")).text
@@ -222,10 +222,10 @@ def _first_reason(logged: list[tuple[int, str]]) -> str:
 
 
 async def _until_loaded(registry: ModelRegistry, name: str) -> None:
-    """Wait (30 s at most) for the model to be resident and serving."""
-    for _ in range(600):
+    """Wait for the model to be resident and serving."""
+
+    def serving() -> bool:
         resident = next((r for r in registry.residents() if r.spec.name == name), None)
-        if resident is not None and resident.engine is not None and resident.engine.serving:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{name} did not load")
+        return resident is not None and resident.engine is not None and resident.engine.serving
+
+    await eventually_async(serving, message=f"{name} did not load")

@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from urllib.parse import quote
 
@@ -19,7 +18,7 @@ import openai
 import pytest
 
 from embedx import Embedder
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import (
     Server,
     assert_envelope,
@@ -31,6 +30,9 @@ from tests.support.server import (
     serve_environment,
     until_embedding,
 )
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.process  # each test starts a process of its own
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +232,7 @@ def test_http2_is_not_spoken(server: Server) -> None:
 def test_a_request_target_that_is_no_path_is_a_400_not_a_500(server: Server) -> None:
     logged = len(server.output())  # the module's server: others' lines came before
     for target in ("CONNECT example.com:443", "POST 127.0.0.1:80", "GET example.com:80"):
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as raw:
             raw.sendall(f"{target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
                         "Connection: close\r\n\r\n".encode())  # fmt: skip
             answer = b""
@@ -297,10 +299,8 @@ def test_a_client_that_hangs_up_has_its_texts_dropped(
                         b"Content-Type: application/json\r\n"
                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
         until_embedding(server)
-    deadline = time.monotonic() + 60
-    while info(server)["requests"]["running"] or _queued(server):
-        assert time.monotonic() < deadline, "the queue still holds the texts of a client that left"
-        time.sleep(0.02)
+    eventually(lambda: not (info(server)["requests"]["running"] or _queued(server)),
+               message="the queue still holds the texts of a client that left")  # fmt: skip
     text = httpx.get(server.url + "/metrics").text
     assert metric(text, "embedx_requests_total", route="/v1/embeddings", method="POST",
                   status="499") == 1  # fmt: skip

@@ -14,7 +14,7 @@ from embedx.server.app import create_app
 from embedx.server.asgi import Message
 from embedx.server.guard import Guard
 from embedx.server.lifespan import StartupFailed
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 
 pytestmark = pytest.mark.anyio
 

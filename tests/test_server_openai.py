@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from embedx import Embedder
-from tests.conftest import MINILM_NAME, RemoteCodeModel
+from tests.support.models import MINILM_NAME, RemoteCodeModel
 from tests.support.server import (
     InProcess,
     assert_envelope,

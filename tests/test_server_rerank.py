@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import InProcess, assert_envelope, in_process, metric
 
 pytestmark = pytest.mark.anyio

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,11 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import Server, info, metric, running_server, until_embedding
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.process  # each test starts a process of its own
 
 QUERY = "Which animal purrs?"
 
@@ -121,10 +123,8 @@ def test_a_client_that_hangs_up_has_its_pairs_dropped(
                         b"Content-Type: application/json\r\n"
                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
         until_embedding(server)
-    deadline = time.monotonic() + 60
-    while info(server)["requests"]["running"] or _queued(server, "reranker"):
-        assert time.monotonic() < deadline, "the queue still holds the pairs of a client that left"
-        time.sleep(0.02)
+    eventually(lambda: not (info(server)["requests"]["running"] or _queued(server, "reranker")),
+               message="the queue still holds the pairs of a client that left")  # fmt: skip
     text = httpx.get(server.url + "/metrics").text
     assert metric(text, "embedx_requests_total", route="/v2/rerank", method="POST",
                   status="499") == 1  # fmt: skip

@@ -9,12 +9,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import (
     Server,
     assert_envelope,
@@ -24,6 +24,9 @@ from tests.support.server import (
     until_embedding,
     until_receiving,
 )
+from tests.support.waiting import PATIENCE_S, eventually
+
+pytestmark = pytest.mark.process  # each test starts a process of its own
 
 
 def test_a_model_that_fails_to_preload_stops_the_server(tmp_path: Path) -> None:
@@ -66,10 +69,9 @@ def in_flight(server: Server, texts: list[str], results: list[httpx.Response]) -
 
 
 def until_draining(server: Server) -> None:
-    deadline = time.monotonic() + 60
-    while httpx.get(server.url + "/health").status_code != 503:  # `stop_taking` has run
-        assert time.monotonic() < deadline, "the server is not draining"
-        time.sleep(0.02)
+    """Until /health says 503: `stop_taking` has run."""
+    eventually(lambda: httpx.get(server.url + "/health", timeout=PATIENCE_S).status_code == 503,
+               message="the server is not draining")  # fmt: skip
 
 
 def test_sigterm_drains_the_request_in_flight_and_exits_0(
@@ -100,7 +102,7 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path, reference_texts:
         stopping.process.send_signal(signal.SIGINT)
         until_draining(stopping)
         stopping.process.send_signal(signal.SIGINT)
-        assert stopping.process.wait(60) == 0  # not the 600 s drain
+        assert stopping.process.wait(PATIENCE_S) == 0  # not the 600 s drain
         worker.join()
         error = assert_envelope(results[0], 503, "shutting_down")
         assert "the server shut down before this request finished" in error["message"]
@@ -117,7 +119,7 @@ def test_sigterm_past_the_drain_timeout_fails_what_still_runs_and_exits(
         long_texts = ([" ".join([text] * 8) for text in reference_texts] * 4)[:2000]  # slow on CPU
         worker = in_flight(stopping, long_texts, results)
         stopping.process.send_signal(signal.SIGTERM)
-        assert stopping.process.wait(60) == 0
+        assert stopping.process.wait(PATIENCE_S) == 0
         worker.join()
         assert_envelope(results[0], 503, "shutting_down")
         assert "after the drain timeout: failing them" in stopping.output()
@@ -130,7 +132,7 @@ def test_a_client_that_never_finishes_its_request_does_not_hold_the_stop(tmp_pat
             # answered on a connection made after it: the server has accepted the held one
             assert httpx.get(stopping.url + "/health").status_code == 200
             stopping.process.send_signal(signal.SIGTERM)
-            assert stopping.process.wait(60) == 0
+            assert stopping.process.wait(PATIENCE_S) == 0
         assert "exiting without them" in stopping.output()  # not granian's 30 s for headers
 
 
@@ -144,21 +146,19 @@ def test_a_request_whose_body_stopped_arriving_does_not_hold_the_stop(tmp_path: 
             )  # 9 bytes of 100, and then nothing
             until_receiving(stopping, 1)
             stopping.process.send_signal(signal.SIGTERM)
-            assert stopping.process.wait(60) == 0
+            assert stopping.process.wait(PATIENCE_S) == 0
             answer = stalled.recv(65536)
         assert answer.startswith(b"HTTP/1.1 503"), answer
         assert b"shutting_down" in answer
 
 
-SLOW_RESOLVE = """
-import os, sys, time
+ENDLESS_RESOLVE = """
+import sys, threading
 import embedx.models.source as source
-resolve = source.resolve
-def slow(*args, **kwargs):
+def endless(*args, **kwargs):
     print("resolving slowly", file=sys.stderr, flush=True)
-    time.sleep(float(os.environ["SLOW_RESOLVE_S"]))
-    return resolve(*args, **kwargs)
-source.resolve = slow
+    threading.Event().wait()  # a load that never ends (a download that hangs)
+source.resolve = endless
 """
 
 
@@ -167,9 +167,9 @@ def test_a_signal_during_preload_stops_at_once_without_waiting_for_the_load(
 ) -> None:
     """A preload can take minutes (a download, a large model): SIGTERM from a supervisor
     must not wait it out, nor for the thread still reading its weights."""
-    (tmp_path / "sitecustomize.py").write_text(SLOW_RESOLVE)  # a load that takes ten minutes
+    (tmp_path / "sitecustomize.py").write_text(ENDLESS_RESOLVE)  # a load that never ends
     env = serve_environment(preload=MINILM_NAME)
-    env.update(PYTHONPATH=str(tmp_path), SLOW_RESOLVE_S="600")
+    env.update(PYTHONPATH=str(tmp_path))
     process = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     assert process.stdout is not None
@@ -178,7 +178,7 @@ def test_a_signal_during_preload_stops_at_once_without_waiting_for_the_load(
             if "resolving slowly" in line:
                 break
         process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=120)[0]  # far less than the load's ten minutes
+        output = process.communicate(timeout=PATIENCE_S)[0]  # the load would never end
     finally:
         process.kill()  # a no-op once it has exited
     assert process.returncode == 0, output

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from embedx import Embedder
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import InProcess, assert_envelope, in_process
 
 pytestmark = pytest.mark.anyio

@@ -10,7 +10,6 @@ import shutil
 import string
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,9 @@ from embedx.errors import InputTooLong
 from embedx.models.source import ModelFiles, resolve
 from embedx.models.tokenizer import TextTokenizer
 from embedx.models.windows import CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import running_server
+from tests.support.waiting import eventually
 
 FAMILIES = ("MiniLM's WordPiece", "byte-level BPE, Qwen's split", "Unigram, Metaspace")
 CJK = "的一是不了人我在有他这为之大来以个中上们到说国和地也子时道出而要于就下得可生天会自"
@@ -271,10 +271,8 @@ def test_an_idle_tokenizer_holds_none_of_the_texts_it_encoded(minilm_dir: Path) 
 
     try:
         asyncio.run(encode())
-        deadline = time.monotonic() + 30  # the threads let go once they have handed out
-        while [sys.getrefcount(text) for text in texts] != held and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert [sys.getrefcount(text) for text in texts] == held
+        # the threads let go once they have handed out
+        eventually(lambda: [sys.getrefcount(text) for text in texts] == held)
     finally:
         tokenizer.close()
 
@@ -309,6 +307,7 @@ def embed(server: Any, text: str) -> np.ndarray:
     return np.array(response.json()["data"][0]["embedding"], dtype=np.float32)
 
 
+@pytest.mark.process
 def test_a_5_mb_cjk_text_is_answered_beside_another_request_and_memory_goes_back(
     roomy_server: Any,
 ) -> None:
@@ -337,7 +336,5 @@ def test_a_5_mb_cjk_text_is_answered_beside_another_request_and_memory_goes_back
     model = next(m for m in info["models"] if m["model"] == MINILM_NAME)
     assert model["tokenizer"]["cut"] == 1
     assert model["tokenizer"]["cut_at_bound"] == 0
-    deadline = time.monotonic() + 60  # memory goes back after the request, on a thread
-    while rss_mb(pid) > 1.1 * before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert rss_mb(pid) <= 1.1 * before
+    # memory goes back after the request, on a thread
+    eventually(lambda: rss_mb(pid) <= 1.1 * before, message="its memory never went back")

@@ -1,1 +1,2 @@
-"""Helpers the tests share: fake devices on a simulated clock, and small builders of queue work."""
+"""What the tests share, so that no test module imports another: servers, fake devices and
+clocks, waiting on conditions, settings, models, the corpus and reference outputs."""

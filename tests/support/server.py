@@ -5,12 +5,10 @@ what only a real one has (signals, sockets, granian); and what both kinds of tes
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +19,13 @@ import httpx2
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from embedx.config import load_settings
 from embedx.registry import ModelRegistry, local_name
 from embedx.server.app import create_app
 from embedx.server.guard import Guard
 from embedx.server.state import ServerState
+from tests.support.processes import environment
+from tests.support.settings import settings_of
+from tests.support.waiting import PATIENCE_S, eventually
 
 BASE_URL = "http://embedx"
 
@@ -48,13 +48,14 @@ class InProcess:
 async def in_process(
     settings: Mapping[str, object] | None = None, *, registry: ModelRegistry | None = None
 ) -> AsyncIterator[InProcess]:
-    """The app with these settings (and none from the environment) on the host's own
-    devices, or the app over `registry` (with its settings), its lifespan entered."""
+    """The app with these settings (over patient time limits, none from the environment)
+    on the host's own devices, or the app over `registry` (with its settings), its lifespan
+    entered."""
     if registry is not None:
         assert settings is None, "the registry's settings are the app's"
         app = create_app(registry.settings, registry)
     else:
-        app = create_app(load_settings(settings or {}, environ={}))
+        app = create_app(settings_of(settings))
     async with app.lifespan(), asgi_client(app) as client:
         yield InProcess(app, client)
 
@@ -91,12 +92,9 @@ class Server:
     def port(self) -> int:
         return int(self.url.rsplit(":", 1)[1])
 
-    def wait_for_output(self, text: str, within_s: float = 60) -> None:
+    def wait_for_output(self, text: str) -> None:
         """Until the server's log holds `text` (a line is written as its request finishes)."""
-        deadline = time.monotonic() + within_s
-        while text not in self.output():
-            assert time.monotonic() < deadline, f"{text!r} not logged within {within_s} s"
-            time.sleep(0.02)
+        eventually(lambda: text in self.output(), message=f"{text!r} never logged")
 
 
 def free_port() -> int:
@@ -106,11 +104,9 @@ def free_port() -> int:
 
 
 def serve_environment(**settings: object) -> dict[str, str]:
-    """This process's environment without its EMBEDX_ settings, with these instead."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
-    env.update(HF_HUB_OFFLINE="1", EMBEDX_PORT=str(free_port()))
-    env.update({f"EMBEDX_{k.upper()}": str(v) for k, v in settings.items()})
-    return env
+    """This process's environment without its EMBEDX_ settings, with these instead over
+    patient time limits, on a free port."""
+    return environment({"port": free_port(), **settings})
 
 
 @contextlib.contextmanager
@@ -122,24 +118,26 @@ def running_server(tmp: Path, **settings: object) -> Iterator[Server]:
         process = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env,
                                    stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
     server = Server(f"http://127.0.0.1:{env['EMBEDX_PORT']}", process, log)
-    deadline = time.monotonic() + 180
-    while True:
+
+    def up_or_ended() -> bool:
         try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                break
+            return httpx.get(server.url + "/health", timeout=PATIENCE_S).status_code == 200
         except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError("the server did not start:\n" + server.output())
-        time.sleep(0.05)
+            return process.poll() is not None
+
+    try:
+        eventually(up_or_ended)
+        assert process.poll() is None
+    except AssertionError:
+        process.kill()
+        raise AssertionError("the server did not start:\n" + server.output()) from None
     try:
         yield server
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
-                process.wait(60)
+                process.wait(PATIENCE_S)
             except subprocess.TimeoutExpired:  # a stop that hangs fails; it holds no port
                 process.kill()
                 process.wait()
@@ -155,23 +153,19 @@ def post(server: Server, path: str, timeout: float = 120, **kwargs: Any) -> http
 
 
 def info(server: Server) -> dict[str, Any]:
-    return dict(httpx.get(server.url + "/info").json())
+    return dict(httpx.get(server.url + "/info", timeout=PATIENCE_S).json())
 
 
 def until_embedding(server: Server) -> None:
-    """Wait (60 s at most) until a request holds a slot: admitted, its texts embedding."""
-    deadline = time.monotonic() + 60
-    while info(server)["requests"]["running"] < 1:
-        assert time.monotonic() < deadline, "no request started embedding"
-        time.sleep(0.02)
+    """Wait until a request holds a slot: admitted, its texts embedding."""
+    eventually(lambda: info(server)["requests"]["running"] >= 1,
+               message="no request started embedding")  # fmt: skip
 
 
 def until_receiving(server: Server, bodies: int) -> None:
-    """Wait (60 s at most) until `bodies` requests are in the app, their bodies arriving."""
-    deadline = time.monotonic() + 60
-    while info(server)["requests"]["http_receiving"] < bodies:
-        assert time.monotonic() < deadline, f"{bodies} requests did not reach the app"
-        time.sleep(0.02)
+    """Wait until `bodies` requests are in the app, their bodies arriving."""
+    eventually(lambda: info(server)["requests"]["http_receiving"] >= bodies,
+               message=f"{bodies} requests did not reach the app")  # fmt: skip
 
 
 # -- what both check ---------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""The models tests run: the real MiniLM by name, tiny random models of every architecture
+embedx has its own code for, tiny random cross-encoders, and a model that carries its own
+Python; each built into a directory the caller gives."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def build_tiny_models(root: Path, tokenizer: Path) -> dict[str, Path]:
+    """One tiny random model of each shape of embedx.models.random_init, by shape, with the
+    tokenizer of the directory `tokenizer`."""
+    from embedx.models.random_init import SHAPES, build
+
+    models = {}
+    for shape in SHAPES:
+        build(shape, root / shape, tokenizer, tiny=True)
+        models[shape] = root / shape
+    return models
+
+
+def build_tiny_classifiers(root: Path, tokenizer: Path, texts: list[str]) -> dict[str, Path]:
+    """Tiny random cross-encoders, as transformers saves them: BERT with the WordPiece tokenizer
+    of `tokenizer` and XLM-R with a sentencepiece (Unigram) one trained on `texts`, each with
+    one label (a reranker) and three (a classifier): "bert-1", "bert-3", "xlm-roberta-1",
+    "xlm-roberta-3"."""
+    from embedx.models.random_init import build_classifier, build_unigram_tokenizer
+
+    build_unigram_tokenizer(root / "unigram", texts)
+    shapes = {"bert": ("bert-base", tokenizer),
+              "xlm-roberta": ("xlm-roberta-large", root / "unigram")}  # fmt: skip
+    models = {}
+    for name, (shape, vocabulary) in shapes.items():
+        for labels in (["relevance"], ["contradiction", "entailment", "neutral"]):
+            directory = root / f"{name}-{len(labels)}"
+            build_classifier(shape, directory, vocabulary, labels, tiny=True)
+            models[f"{name}-{len(labels)}"] = directory
+    return models
+
+
+@dataclass(frozen=True)
+class RemoteCodeModel:
+    """A model directory whose config names its own Python (`auto_map`), which writes
+    `marker` when imported: MiniLM's weights and slow tokenizer files, under a model_type
+    that transformers has no code for."""
+
+    directory: Path
+    marker: Path
+
+
+def build_remote_code_model(root: Path, minilm_dir: Path) -> RemoteCodeModel:
+    directory = root / "remote-code"
+    directory.mkdir()
+    marker = root / "its-code-ran"
+    for name in ("model.safetensors", "vocab.txt", "tokenizer_config.json",
+                 "special_tokens_map.json"):  # fmt: skip
+        (directory / name).write_bytes((minilm_dir / name).read_bytes())
+    config = json.loads((minilm_dir / "config.json").read_text())
+    config["model_type"] = "embedx-remote"
+    config["auto_map"] = {"AutoConfig": "configuration_x.XConfig", "AutoModel": "modeling_x.XModel"}
+    (directory / "config.json").write_text(json.dumps(config))
+    runs = f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+    (directory / "configuration_x.py").write_text(
+        runs + "from transformers import BertConfig\n\n"
+        "class XConfig(BertConfig):\n    model_type = 'embedx-remote'\n"
+    )
+    (directory / "modeling_x.py").write_text(
+        runs + "from transformers import BertModel\nfrom .configuration_x import XConfig\n\n"
+        "class XModel(BertModel):\n    config_class = XConfig\n"
+    )
+    return RemoteCodeModel(directory, marker)
