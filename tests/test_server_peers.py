@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import MINILM_NAME
+from tests.support.models import MINILM_NAME
 from tests.support.server import Server, assert_envelope, client, metric, post, running_server
 
 DOCS = Path(__file__).parent.parent / "docs" / "metrics.md"
