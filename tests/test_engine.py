@@ -504,8 +504,8 @@ async def test_base64_rows_are_the_float_rows_encoded(
     texts = reference_texts[:30]
     async with make_engine(("cpu",)) as engine:
         floats = (await engine.embed(texts)).vectors
-        encoded = (await engine.embed(texts, EmbedOptions(base64=True))).vectors
-        narrow = await engine.embed(texts, EmbedOptions(base64=True, dimensions=64))
+        encoded = (await engine.embed(texts, EmbedOptions(encodings=("base64",)))).vectors
+        narrow = await engine.embed(texts, EmbedOptions(encodings=("base64",), dimensions=64))
         narrow_floats = (await engine.embed(texts, EmbedOptions(dimensions=64))).vectors
     assert encoded.dtype == np.uint8
     assert encoded.shape == (30, 2048)  # 384 float32: 1,536 bytes
@@ -526,8 +526,10 @@ async def test_base64_rows_are_written_into_the_callers_array(
 
     async with make_engine(("cpu",)) as engine:
         floats = (await engine.embed(texts)).vectors
-        full = await engine.embed(texts, EmbedOptions(base64=True, sink=into))
-        narrow = await engine.embed(texts, EmbedOptions(base64=True, dimensions=64, sink=into))
+        full = await engine.embed(texts, EmbedOptions(encodings=("base64",), sink=into))
+        narrow = await engine.embed(
+            texts, EmbedOptions(encodings=("base64",), dimensions=64, sink=into)
+        )
         narrow_floats = (await engine.embed(texts, EmbedOptions(dimensions=64))).vectors
     assert [lines.shape for lines in made] == [(30, 2050), (30, 346)]
     assert np.array_equal(decoded(made[0][:, 1:-1]), floats)
@@ -597,7 +599,12 @@ async def test_requests_sharing_a_batch_each_get_the_rows_they_asked_for(
         assert engine.queue.devices[0].inflight
         forms = [(unit, b64) for unit in (True, False) for b64 in (True, False)]
         results = await asyncio.gather(
-            *(engine.embed(texts, EmbedOptions(normalize=u, base64=b)) for u, b in forms)
+            *(
+                engine.embed(
+                    texts, EmbedOptions(normalize=u, encodings=(("base64",) if b else ("float",)))
+                )
+                for u, b in forms
+            )
         )
         await busy
     assert not np.allclose(np.linalg.norm(alone, axis=1), 1.0)  # this model has no Normalize
