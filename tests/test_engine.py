@@ -228,6 +228,7 @@ async def test_a_device_out_of_memory_empties_its_cache_once_its_replica_is_gone
         if replica.accelerator.info.key != "short":
             return await probe(replica, plan)
         models.append(weakref.ref(replica.model))
+
         # The thread that built it lets go of it (its future's result) in its own time: with
         # the future still holding it, nothing the engine does could free it.
         def let_go() -> bool:
@@ -499,8 +500,8 @@ async def test_base64_rows_are_the_float_rows_encoded(
     texts = reference_texts[:30]
     async with make_engine(("cpu",)) as engine:
         floats = (await engine.embed(texts)).vectors
-        encoded = (await engine.embed(texts, EmbedOptions(base64=True))).vectors
-        narrow = await engine.embed(texts, EmbedOptions(base64=True, dimensions=64))
+        encoded = (await engine.embed(texts, EmbedOptions(encodings=("base64",)))).vectors
+        narrow = await engine.embed(texts, EmbedOptions(encodings=("base64",), dimensions=64))
         narrow_floats = (await engine.embed(texts, EmbedOptions(dimensions=64))).vectors
     assert encoded.dtype == np.uint8
     assert encoded.shape == (30, 2048)  # 384 float32: 1,536 bytes
@@ -521,8 +522,10 @@ async def test_base64_rows_are_written_into_the_callers_array(
 
     async with make_engine(("cpu",)) as engine:
         floats = (await engine.embed(texts)).vectors
-        full = await engine.embed(texts, EmbedOptions(base64=True, sink=into))
-        narrow = await engine.embed(texts, EmbedOptions(base64=True, dimensions=64, sink=into))
+        full = await engine.embed(texts, EmbedOptions(encodings=("base64",), sink=into))
+        narrow = await engine.embed(
+            texts, EmbedOptions(encodings=("base64",), dimensions=64, sink=into)
+        )
         narrow_floats = (await engine.embed(texts, EmbedOptions(dimensions=64))).vectors
     assert [lines.shape for lines in made] == [(30, 2050), (30, 346)]
     assert np.array_equal(decoded(made[0][:, 1:-1]), floats)
@@ -594,10 +597,10 @@ async def test_requests_sharing_a_batch_each_get_the_rows_they_asked_for(
         busy = asyncio.create_task(engine.embed(["keeps the device busy"]))
         await eventually_async(lambda: device.calls)  # held at the gate
         forms = [(unit, b64) for unit in (True, False) for b64 in (True, False)]
-        requests = [
-            asyncio.create_task(engine.embed(texts, EmbedOptions(normalize=u, base64=b)))
-            for u, b in forms
+        options = [
+            EmbedOptions(normalize=u, encodings=("base64",) if b else ("float",)) for u, b in forms
         ]
+        requests = [asyncio.create_task(engine.embed(texts, o)) for o in options]
         await eventually_async(lambda: engine.queue.pending_items == len(forms) * len(texts))
         gate.open()
         results = await asyncio.gather(*requests)

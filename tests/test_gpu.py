@@ -17,7 +17,7 @@ import torch
 from embedx.config import load_settings
 from embedx.devices import discover, open_accelerator
 from embedx.engine import EmbedOptions, Engine, EngineOptions, base64_rows
-from embedx.engine.outputs import FLOATS, RowForm
+from embedx.engine.outputs import ENCODINGS, FLOATS, RowForm
 from embedx.models.catalog import ModelSpec
 from embedx.models.pooling import Pooling
 from embedx.models.source import resolve
@@ -78,7 +78,7 @@ async def test_base64_rows_made_on_the_gpu_are_its_float_rows_encoded(
 ) -> None:
     async with cuda_engine(minilm_dir) as engine:
         floats = (await engine.embed(reference_texts)).vectors
-        encoded = (await engine.embed(reference_texts, EmbedOptions(base64=True))).vectors
+        encoded = (await engine.embed(reference_texts, EmbedOptions(encodings=("base64",)))).vectors
     # two runs of a batch on a GPU need not agree to the bit; a wrong encoding is far off
     assert np.abs(decoded(encoded) - floats).max() < 1e-3
 
@@ -236,7 +236,7 @@ async def test_launching_a_batch_never_waits_on_the_device(
         replica = engine.replicas[0]
         ids = [np.array([101, 2000 + i, 2001, 102], np.int32) for i in range(50)]
         host = replica.pack(ids, 1, engine.workers[0].slot.budget)
-        for form in (FLOATS, RowForm(unit=True, base64=True)):
+        for form in (FLOATS, RowForm(unit=True, encodings=tuple(ENCODINGS))):
             torch.cuda.set_sync_debug_mode("error")
             try:
                 launched = replica.accelerator.launch(partial(replica.run, host, 1, form))

@@ -25,7 +25,9 @@ from embedx.scheduling import Item, Job
 
 
 def spec(width: int = 3, **asked: object) -> OutputSpec:
-    options: dict[str, object] = {"dimensions": None, "normalize": None, "base64": False}
+    options: dict[str, object] = {"dimensions": None, "normalize": None}
+    if asked.pop("base64", False):
+        asked["encodings"] = ("base64",)
     options.update(asked)
     return settle(width=width, model_normalizes=False, default_normalize=True, **options)  # type: ignore[arg-type]
 
@@ -48,7 +50,7 @@ def test_matryoshka_truncates_then_renormalizes() -> None:
 def test_a_normalize_module_applies_even_when_normalize_is_off() -> None:
     vectors = np.array([[3.0, 4.0]], dtype=np.float32)
     normalizing = settle(width=2, model_normalizes=True, default_normalize=False,
-                         dimensions=None, normalize=None, base64=False)  # fmt: skip
+                         dimensions=None, normalize=None)  # fmt: skip
     assert normalizing.form == RowForm(unit=True)
     assert np.allclose(finished(normalizing, vectors), [[0.6, 0.8]])
     assert np.allclose(finished(spec(width=2, normalize=False), vectors), vectors)
@@ -56,7 +58,7 @@ def test_a_normalize_module_applies_even_when_normalize_is_off() -> None:
 
 def test_a_cut_width_leaves_the_device_raw_rows_and_finishes_on_the_host() -> None:
     assert spec(dimensions=2, base64=True).form == FLOATS
-    assert spec(base64=True).form == RowForm(unit=True, base64=True)
+    assert spec(base64=True).form == RowForm(unit=True, encodings=("base64",))
     vectors = np.array([[3.0, 4.0, 12.0]], dtype=np.float32)
     encoded = finished(spec(dimensions=2, base64=True), vectors)
     assert encoded.tobytes() == base64.b64encode(np.array([0.6, 0.8], "<f4").tobytes())
@@ -103,9 +105,9 @@ def test_a_cancelled_request_gets_no_rows_and_sets_no_form() -> None:
     live.out = RequestRows(spec(base64=True), 1)
     gone = Job(1)  # cancelled: the queue let its rows go
     items = [Item(gone, 0, 1), Item(live, 0, 1)]
-    assert batch_form(items, None) == RowForm(unit=True, base64=True)
+    assert batch_form(items, None) == RowForm(unit=True, encodings=("base64",))
     rows = np.full((2, 16), ord("A"), np.uint8)  # two rows of three floats, encoded
-    write_batch(items, None, rows, RowForm(unit=True, base64=True))
+    write_batch(items, None, rows, RowForm(unit=True, encodings=("base64",)))
     assert bytes(live.out.finished()[0]) == b"A" * 16
 
 
@@ -125,5 +127,5 @@ def test_base64_rows_on_host_and_device_are_standard_base64(dimensions: int) -> 
 def test_the_device_normalizes_then_encodes() -> None:
     rows = torch.tensor([[3.0, 4.0]])
     assert torch.allclose(finish_on_device(rows, RowForm(unit=True)), torch.tensor([[0.6, 0.8]]))
-    encoded = finish_on_device(rows, RowForm(unit=True, base64=True)).numpy()
+    encoded = finish_on_device(rows, RowForm(unit=True, encodings=("base64",))).numpy()
     assert encoded.tobytes() == base64.b64encode(np.array([0.6, 0.8], "<f4").tobytes())

@@ -275,7 +275,7 @@ class Engine:
             default_normalize=self.options.normalize,
             dimensions=options.dimensions,
             normalize=options.normalize,
-            base64=options.base64,
+            encodings=options.encodings,
             sink=options.sink,
         )
         texts = self.prompts.wrap(texts, options.input_type, options.instruction)
@@ -319,10 +319,11 @@ class Engine:
                 self._idle.set()
         self.truncated += truncated
         self.requests += 1
-        vectors = rows.finished()
+        parts = outputs.by_encoding(rows.finished(), spec.encodings, spec.dimensions)
         now = time.monotonic()
         self.latency.observe(now - started)
-        return EmbedResult(vectors, job.tokens, truncated, submitted - started, now - started)
+        first = next(iter(parts.values()))
+        return EmbedResult(first, job.tokens, truncated, submitted - started, now - started, parts)
 
     async def _tokenize_into(self, job: Job, texts: Sequence[Input], truncate: bool) -> int:
         """Tokenize chunk by chunk, submitting each as soon as it is ready: devices start on

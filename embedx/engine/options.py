@@ -3,12 +3,12 @@ embedding or its pairs' scores, and what it gets back."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embedx.engine.outputs import RowSink
+from embedx.engine.outputs import FLOAT, RowSink
 from embedx.models.catalog import check_template
 
 if TYPE_CHECKING:
@@ -23,20 +23,23 @@ class EmbedOptions:
     normalize: bool | None = None  # None: the server's EMBEDX_NORMALIZE
     truncate: bool = True  # False: an over-long text is an error, not cut
     input_type: str | None = None  # picks a prompt (models/prompts.py's INPUT_TYPES)
-    base64: bool = False  # rows as base64 of their float32 bytes (engine/base64_rows.py)
-    sink: RowSink | None = None  # with base64: where the rows go (outputs.RowSink)
+    # how rows are given (outputs.ENCODINGS: float, base64, int8, uint8, binary, ubinary)
+    encodings: tuple[str, ...] = FLOAT
+    sink: RowSink | None = None  # with base64 alone: where the rows go (outputs.RowSink)
     instruction: str | None = None  # fills the prompt's {instruction} slot; None: its default
 
 
 @dataclass(frozen=True, slots=True)
 class EmbedResult:
-    # (N, D) float32 in the caller's order; with `base64`, (N, width(D)) uint8 ASCII, in the
-    # array the sink made if one was given
+    # (N, D) float32 in the caller's order; encoded, the first encoding's rows: base64's
+    # (N, width(D)) uint8 ASCII, in the array the sink made if one was given, int8's (N, D)
+    # int8, binary's (N, D / 8) int8...
     vectors: np.ndarray
     tokens: int
     truncated: int
     tokenize_s: float  # tokenizing and submitting (devices start on the first chunk meanwhile)
     total_s: float  # from the call to the vectors
+    encoded: dict[str, np.ndarray] = field(default_factory=dict)  # each encoding's rows
 
 
 @dataclass(frozen=True, slots=True)

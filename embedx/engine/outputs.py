@@ -1,4 +1,4 @@
-"""What a request's rows become: its output settled once (width, L2, base64, a scorer's
+"""What a request's rows become: its output settled once (width, L2, its encodings, a scorer's
 activation, where the rows go), the finishing a device does to a batch, and the rest done on the
 host as rows are written."""
 
@@ -7,33 +7,112 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from embedx.engine import base64_rows
-from embedx.errors import UnsupportedDimensions
+from embedx.engine import base64_rows, quantized_rows
+from embedx.errors import InvalidOption, UnsupportedDimensions
 from embedx.models.task import Activation, activate
 from embedx.scheduling import Item, Job
 
 if TYPE_CHECKING:
     import torch
 
-# Makes the (N, width) uint8 array a request's base64 rows are written into: a view into a
-# response laid out around them (server/protocol/openai.py), so that each row is copied once.
+# Makes the (N, width) uint8 array a request's encoded rows are written into (its base64 rows:
+# a view into a response laid out around them, server/protocol/openai.py), so that each row is
+# copied once.
 RowSink = Callable[[int, int], np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class Encoding:
+    """One way a finished row is given: its numpy type, its width for a row of D floats, and
+    how it is made on the host and on a device, alike to the bit."""
+
+    dtype: type[np.generic]
+    width: Callable[[int], int]
+    on_host: Callable[[np.ndarray], np.ndarray]
+    on_device: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _same(rows: Any) -> Any:
+    return rows
+
+
+def _floats(rows: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(rows, "<f4")
+
+
+def _columns(dimensions: int) -> int:
+    return dimensions
+
+
+# Every encoding a request can ask for, in the order a row holding several lays them out.
+# int8 to ubinary are sentence-transformers' `quantize_embeddings` (engine/quantized_rows.py).
+ENCODINGS: dict[str, Encoding] = {
+    "float": Encoding(np.float32, _columns, _floats, _same),
+    "base64": Encoding(np.uint8, base64_rows.width, base64_rows.encode_on_host,
+                       base64_rows.encode_on_device),
+    "int8": Encoding(np.int8, _columns, quantized_rows.int8_on_host,
+                     quantized_rows.int8_on_device),
+    "uint8": Encoding(np.uint8, _columns, quantized_rows.uint8_on_host,
+                      quantized_rows.uint8_on_device),
+    "binary": Encoding(np.int8, quantized_rows.bytes_width, quantized_rows.binary_on_host,
+                       quantized_rows.binary_on_device),
+    "ubinary": Encoding(np.uint8, quantized_rows.bytes_width, quantized_rows.ubinary_on_host,
+                        quantized_rows.ubinary_on_device),
+}  # fmt: skip
+FLOAT = ("float",)
 
 
 @dataclass(frozen=True, slots=True)
 class RowForm:
     """What a device makes of a batch's rows before they come back: L2-normalized (`unit`),
-    then base64 of their float32 bytes (`base64`)."""
+    then given in `encodings` (`ENCODINGS`' names, in its order): float32 rows as they are,
+    any other as each row's bytes, every encoding's side by side."""
 
     unit: bool = False
-    base64: bool = False
+    encodings: tuple[str, ...] = FLOAT
+
+    @property
+    def encoded(self) -> bool:
+        return self.encodings != FLOAT
 
 
 FLOATS = RowForm()
+
+
+def row_bytes(encodings: tuple[str, ...], dimensions: int) -> int:
+    """The bytes a row of `dimensions` floats takes in `encodings`, side by side."""
+    return sum(_bytes(name, dimensions) for name in encodings)
+
+
+def _bytes(name: str, dimensions: int) -> int:
+    encoding = ENCODINGS[name]
+    return encoding.width(dimensions) * np.dtype(encoding.dtype).itemsize
+
+
+def encode_on_host(rows: np.ndarray, encodings: tuple[str, ...]) -> np.ndarray:
+    """(N, D) floats to (N, row_bytes) uint8: each encoding's bytes, side by side."""
+    parts = [ENCODINGS[name].on_host(rows).view(np.uint8) for name in encodings]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+
+def by_encoding(
+    block: np.ndarray, encodings: tuple[str, ...], dimensions: int
+) -> dict[str, np.ndarray]:
+    """A request's finished rows, each encoding's apart in its own type: views of `block`
+    (float32 rows, or the encodings' bytes side by side)."""
+    if encodings == FLOAT:
+        return {"float": block}
+    parts: dict[str, np.ndarray] = {}
+    start = 0
+    for name in encodings:
+        end = start + _bytes(name, dimensions)
+        parts[name] = block[:, start:end].view(ENCODINGS[name].dtype)
+        start = end
+    return parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +123,8 @@ class OutputSpec:
     dimensions: int  # the columns kept (matryoshka): `width` or fewer
     normalize: bool  # L2-normalized after the cut
     model_normalizes: bool  # the model ends in a Normalize module
-    base64: bool
-    sink: RowSink | None = None  # where base64 rows go; None: a new array
+    encodings: tuple[str, ...] = FLOAT  # ENCODINGS' names, in its order
+    sink: RowSink | None = None  # where encoded rows go; None: a new array
     # a scorer's logits to scores (models/task.py), over all of a request's rows at once
     activation: Activation = "identity"
 
@@ -59,7 +138,7 @@ class OutputSpec:
         ones to be cut, which are normalized and encoded on the host after the cut."""
         if self.cut:
             return FLOATS
-        return RowForm(unit=self.normalize or self.model_normalizes, base64=self.base64)
+        return RowForm(unit=self.normalize or self.model_normalizes, encodings=self.encodings)
 
 
 def settle(
@@ -69,7 +148,7 @@ def settle(
     default_normalize: bool,
     dimensions: int | None,
     normalize: bool | None,
-    base64: bool,
+    encodings: Sequence[str] = FLOAT,
     sink: RowSink | None = None,
 ) -> OutputSpec:
     """A request's output: `normalize` None takes the server's default."""
@@ -79,14 +158,31 @@ def settle(
         dimensions=width if dimensions is None else dimensions,
         normalize=default_normalize if normalize is None else normalize,
         model_normalizes=model_normalizes,
-        base64=base64,
+        encodings=checked_encodings(encodings),
         sink=sink,
     )
 
 
+def checked_encodings(encodings: Sequence[str]) -> tuple[str, ...]:
+    """Known encodings, at least one, in `ENCODINGS`' order (the layout of a row's bytes)."""
+    given: object = encodings  # the library's callers: anything
+    if isinstance(given, str) or not isinstance(given, Sequence) or not given:
+        raise InvalidOption(
+            f"encodings must be a non-empty list of {', '.join(ENCODINGS)}, got {encodings!r}",
+            param="encodings",
+        )
+    for name in encodings:
+        if name not in ENCODINGS:
+            raise InvalidOption(
+                f"unknown encoding {name!r}: the encodings are {', '.join(ENCODINGS)}",
+                param="encodings",
+            )
+    return tuple(name for name in ENCODINGS if name in encodings)
+
+
 def scores(labels: int, activation: Activation) -> OutputSpec:
     """A scorer's output: a logit per label, activated (`identity` for raw scores)."""
-    return OutputSpec(labels, labels, False, False, False, activation=activation)
+    return OutputSpec(labels, labels, False, False, activation=activation)
 
 
 def check_dimensions(dimensions: int | None, full: int) -> None:
@@ -112,8 +208,8 @@ class RequestRows:
     def __init__(self, spec: OutputSpec, count: int) -> None:
         self.spec = spec
         form = spec.form
-        if form.base64:
-            self.array = _sunk(spec.sink, count, base64_rows.width(spec.width))
+        if form.encoded:
+            self.array = _sunk(spec.sink, count, row_bytes(form.encodings, spec.width))
         else:
             self.array = np.empty((count, spec.width), np.float32)
 
@@ -121,16 +217,17 @@ class RequestRows:
         """Put a batch's rows in their places, finished here as far as the device did not
         (`form`: what the device made of them)."""
         wanted = self.spec.form
-        if form.base64:  # then every request of the batch wanted just these rows
+        if form.encoded:  # then every request of the batch wanted just these rows
             self.array[indices] = rows
             return
         if wanted.unit and not form.unit:
             rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-        self.array[indices] = base64_rows.encode_on_host(rows) if wanted.base64 else rows
+        self.array[indices] = encode_on_host(rows, wanted.encodings) if wanted.encoded else rows
 
     def finished(self) -> np.ndarray:
         """The request's rows once all are written: cut to its width, then normalized and
-        encoded, where that could not be done batch by batch; a scorer's, activated."""
+        encoded, where that could not be done batch by batch; a scorer's, activated. Floats,
+        or the encodings' bytes side by side (`by_encoding` parts them)."""
         spec = self.spec
         if spec.activation != "identity":
             return activate(self.array, spec.activation)
@@ -142,9 +239,9 @@ class RequestRows:
         vectors = np.ascontiguousarray(vectors[:, : spec.dimensions])
         if spec.normalize:
             _normalize(vectors)
-        if not spec.base64:
+        if spec.encodings == FLOAT:
             return vectors
-        encoded = base64_rows.encode_on_host(vectors)
+        encoded = encode_on_host(vectors, spec.encodings)
         if spec.sink is None:
             return encoded
         out = spec.sink(*encoded.shape)
@@ -215,15 +312,16 @@ def _by_request(items: Sequence[Item]) -> list[tuple[RequestRows, np.ndarray, np
 
 def finish_on_device(rows: torch.Tensor, form: RowForm) -> torch.Tensor:
     """A batch's (B, D) float32 rows made into `form` on their device, on its stream: the
-    host thread has every other batch to feed. On the CPU, base64 is binascii's, on the
-    device's own thread."""
+    host thread has every other batch to feed. On the CPU, the host's encoders (binascii's
+    base64, numpy's packbits), on the device's own thread."""
     import torch
     import torch.nn.functional as F
 
     if form.unit:
         rows = F.normalize(rows, dim=1, eps=1e-12)
-    if form.base64:
-        if rows.device.type == "cpu":
-            return torch.from_numpy(base64_rows.encode_on_host(rows.numpy()))
-        rows = base64_rows.encode_on_device(rows)
-    return rows
+    if not form.encoded:
+        return rows
+    if rows.device.type == "cpu":
+        return torch.from_numpy(encode_on_host(rows.numpy(), form.encodings))
+    parts = [ENCODINGS[name].on_device(rows).view(torch.uint8) for name in form.encodings]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

@@ -12,7 +12,7 @@ import numpy as np
 
 from embedx.devices import Accelerator, token_budget
 from embedx.engine.options import EngineOptions
-from embedx.engine.outputs import FLOATS, RowForm
+from embedx.engine.outputs import ENCODINGS, FLOATS, RowForm
 from embedx.engine.replica import Replica
 from embedx.models.packing import HostBatch, bucketed_rows, pack
 from embedx.models.source import ModelFiles
@@ -106,7 +106,7 @@ async def probe(replica: Replica, plan: ProbePlan) -> Probed:
                 await timed(replica, _batch(plan, 2 * texts, 2), plan)
                 texts *= 2
     # warm-up: kernels (normalizing and encoding rows too), allocator
-    await timed(replica, small, plan, RowForm(unit=True, base64=True))
+    await timed(replica, small, plan, RowForm(unit=True, encodings=tuple(ENCODINGS)))
     points = []
     launches = []
     for batch in (small, large, small, large):

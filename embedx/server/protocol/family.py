@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from embedx.engine.outputs import FLOAT
 from embedx.engine.texts import plain_texts
 from embedx.errors import (
     EmptyInput,
@@ -131,7 +132,8 @@ class EmbedRequest:
     dimensions: int | None = None
     input_type: str | None = None
     instruction: str | None = None
-    base64: bool = False  # OpenAI: encoding_format
+    encodings: tuple[str, ...] = FLOAT  # OpenAI: encoding_format, or embedding_types
+    keyed: bool = False  # OpenAI: each row an object keyed by encoding (embedding_types)
     normalize: bool | None = None  # TEI
     truncate: bool = True  # TEI: false makes an over-long text an error
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from embedx.errors import InvalidOption
+from embedx.untrusted import shown
 
 DURATION = re.compile(r"^ *([0-9]+(?:\.[0-9]+)?) *([smh]?) *$")
 MAX_DURATION = 32  # characters: a duration this long still counts finite seconds
@@ -28,6 +29,32 @@ class Choice:
         if not isinstance(value, str) or value not in self.values:
             raise InvalidOption(f"`{key}` must be one of {', '.join(self.values)}", param=key)
         return value
+
+
+@dataclass(frozen=True, slots=True)
+class Choices:
+    """A list of some of a few strings, each once, at least one."""
+
+    values: tuple[str, ...]
+    default: None = None
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "array", "items": {"type": "string", "enum": list(self.values)},
+                "minItems": 1, "uniqueItems": True}  # fmt: skip
+
+    def read(self, value: Any, key: str) -> tuple[str, ...]:
+        accepted = ", ".join(self.values)
+        if not isinstance(value, list) or not value:
+            raise InvalidOption(f"`{key}` must be a list of some of {accepted}", param=key)
+        for item in value:
+            if not isinstance(item, str) or item not in self.values:
+                given = f"`{shown(item)}`" if isinstance(item, str) else "a value that is not one"
+                raise InvalidOption(
+                    f"`{key}` holds {given}; each must be one of {accepted}", param=key
+                )
+        if len(set(value)) < len(value):
+            raise InvalidOption(f"`{key}` names a value twice; name each once", param=key)
+        return tuple(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,4 +142,4 @@ class Duration:
         raise InvalidOption(f"`{key}` must be seconds, or a duration like 90s, 10m, 1h", param=key)
 
 
-Option = Choice | Integer | Flag | Text | Duration
+Option = Choice | Choices | Integer | Flag | Text | Duration

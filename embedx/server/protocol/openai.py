@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from embedx.engine.outputs import ENCODINGS
 from embedx.server.protocol.family import (
     PROMPT_NAME,
     PROMPT_NOTE,
@@ -22,17 +23,25 @@ from embedx.server.protocol.family import (
     read_options,
     refuse_unknown,
 )
-from embedx.server.protocol.fields import Choice, Integer, Text
+from embedx.server.protocol.fields import Choice, Choices, Integer, Text
 from embedx.server.protocol.schema import EXAMPLE_MODEL, Described, embedding, operation
 
 OPENAI = Family("input", defaultable=False, closed=True, options={
-    "encoding_format": Choice(("float", "base64"), default="float"),
+    "encoding_format": Choice(tuple(ENCODINGS), default="float"),
+    "embedding_types": Choices(tuple(ENCODINGS)),
     "user": Text(),
     "input_type": PROMPT_NAME,
     **SHARED,
 }, notes={
     "model": "A catalog name (GET /v1/models), a Hugging Face repo id or a local directory.",
-    "encoding_format": "base64: little-endian float32 bytes.",
+    "encoding_format": "base64: the little-endian float32 bytes. int8, uint8, binary, "
+                       "ubinary: a list of integers, as sentence-transformers' "
+                       "quantize_embeddings makes them (int8 and uint8 over the fixed range "
+                       "[-1, 1]; binary and ubinary a byte per 8 dimensions), after the "
+                       "dimensions cut and normalizing (docs/api.md).",
+    "embedding_types": "Cohere's: several encodings at once; each item's embedding is then "
+                       "an object with one key per type. It replaces encoding_format (which "
+                       "the OpenAI SDK sends on its own).",
     "input_type": PROMPT_NOTE,
     **SHARED_NOTES,
 })  # fmt: skip
@@ -63,10 +72,24 @@ def parse_openai(body: bytes, max_items: int, family: Family = OPENAI) -> EmbedR
         max_items,
         model=read_model(data, family, None),
         input_type=options["input_type"],
-        base64=options["encoding_format"] == "base64",
+        encodings=options["embedding_types"] or (options["encoding_format"],),
+        keyed=options["embedding_types"] is not None,
     )
 
 
+def _integers(low: int, high: int) -> dict[str, Any]:
+    return {"type": "array", "items": {"type": "integer", "minimum": low, "maximum": high}}
+
+
+# One row in each encoding, as the answer gives it
+ROW: dict[str, dict[str, Any]] = {
+    "float": {"type": "array", "items": {"type": "number"}},
+    "base64": {"type": "string", "contentEncoding": "base64"},
+    "int8": _integers(-128, 127),
+    "uint8": _integers(0, 255),
+    "binary": _integers(-128, 127),
+    "ubinary": _integers(0, 255),
+}
 RESPONSE = {
     "type": "object",
     "required": ["object", "data", "model", "usage"],
@@ -76,8 +99,9 @@ RESPONSE = {
         "data": {"type": "array", "items": {
             "type": "object", "required": ["object", "index", "embedding"], "properties": {
                 "object": {"const": "embedding"}, "index": {"type": "integer"},
-                "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}},
-                                        {"type": "string", "contentEncoding": "base64"}]}}}},
+                "embedding": {"anyOf": [*ROW.values(), {
+                    "type": "object", "properties": ROW, "additionalProperties": False,
+                    "description": "With embedding_types: a row a type."}]}}}},
         "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"],
                   "properties": {"prompt_tokens": {"type": "integer"},
                                  "total_tokens": {"type": "integer"}}},

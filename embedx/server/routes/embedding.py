@@ -29,7 +29,7 @@ async def embed(
         normalize=request.normalize,
         truncate=request.truncate,
         input_type=request.input_type,
-        base64=request.base64,
+        encodings=request.encodings,
         sink=sink,
         instruction=request.instruction,
     )

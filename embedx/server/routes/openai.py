@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import orjson
 from blacksheep import Request, Response
 
@@ -20,10 +21,14 @@ from embedx.untrusted import shown
 async def create_embeddings(state: ServerState, http: Request) -> Response:
     family = INFINITY if _infinitys(http) else OPENAI
     request = parse_openai(await json_body(http), state.settings.max_request_items, family)
-    if not request.base64:
+    if request.keyed or request.encodings != ("base64",):
         result = await embed(state, request)
+        rows: Any = result.vectors  # floats, or an int8 format's ints: numpy's, for orjson
+        if request.keyed:
+            parts = {name: _json_rows(name, part) for name, part in result.encoded.items()}
+            rows = [{name: part[i] for name, part in parts.items()} for i in range(len(rows))]
         data = [{"object": "embedding", "index": i, "embedding": row}
-                for i, row in enumerate(result.vectors)]  # fmt: skip
+                for i, row in enumerate(rows)]  # fmt: skip
         payload = {"object": "list", "data": data, "model": request.model, "usage": _usage(result)}
         return json_response(payload, headers=timing(result))
     # The SDK's default, and the bulk of a busy server's responses: the engine writes each
@@ -33,6 +38,14 @@ async def create_embeddings(state: ServerState, http: Request) -> Response:
     result = await embed(state, request, items)
     rest = orjson.dumps({"model": request.model, "usage": _usage(result)})
     return json_bytes_response(items.body(rest[1:]), headers=timing(result))
+
+
+def _json_rows(name: str, rows: np.ndarray) -> Any:
+    """One encoding's rows as the answer gives them: base64's as strings, the others as
+    arrays orjson writes (copied: within a row of several encodings, one may be unaligned)."""
+    if name == "base64":
+        return [row.tobytes().decode("ascii") for row in rows]
+    return np.ascontiguousarray(rows)
 
 
 def _usage(result: EmbedResult) -> dict[str, int]:
