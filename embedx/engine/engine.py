@@ -277,7 +277,7 @@ class Engine:
             sink=options.sink,
         )
         texts = self.prompts.wrap(texts, options.input_type, options.instruction)
-        return await self._run(texts, spec, options.truncate)
+        return await self._run(texts, spec, options.truncate, options.token_counts)
 
     async def score(
         self, inputs: Sequence[str | tuple[str, str]], options: ScoreOptions | None = None
@@ -294,8 +294,15 @@ class Engine:
             result.vectors, result.tokens, result.truncated, result.tokenize_s, result.total_s
         )
 
-    async def _run(self, inputs: Sequence[Input], spec: OutputSpec, truncate: bool) -> EmbedResult:
-        """The rows of `inputs` (texts, or pairs), finished as `spec` says."""
+    async def _run(
+        self,
+        inputs: Sequence[Input],
+        spec: OutputSpec,
+        truncate: bool,
+        counts: np.ndarray | None = None,
+    ) -> EmbedResult:
+        """The rows of `inputs` (texts, or pairs), finished as `spec` says; each input's
+        token count written into `counts` if given."""
         started = time.monotonic()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         job = Job(len(inputs), future=done)
@@ -303,7 +310,7 @@ class Engine:
         self._jobs_in_flight += 1
         self._idle.clear()
         try:
-            truncated = await self._tokenize_into(job, inputs, truncate)
+            truncated = await self._tokenize_into(job, inputs, truncate, counts)
             submitted = time.monotonic()
             await done
         except BaseException:
@@ -322,7 +329,9 @@ class Engine:
         self.latency.observe(now - started)
         return EmbedResult(vectors, job.tokens, truncated, submitted - started, now - started)
 
-    async def _tokenize_into(self, job: Job, texts: Sequence[Input], truncate: bool) -> int:
+    async def _tokenize_into(
+        self, job: Job, texts: Sequence[Input], truncate: bool, counts: np.ndarray | None
+    ) -> int:
         """Tokenize chunk by chunk, submitting each as soon as it is ready: devices start on
         the first chunk while the rest is still being tokenized. Returns how many texts were
         truncated."""
@@ -336,6 +345,8 @@ class Engine:
                         break  # it failed meanwhile: its other texts need no tokenizing
                     with heap.gc_paused():
                         self.queue.submit(job, chunk_items(job, start, encoded))
+                    if counts is not None:
+                        counts[start : start + len(encoded.lengths)] = encoded.lengths
                     truncated += encoded.truncated
         finally:
             self.queue.feeding_done(job)

@@ -26,6 +26,7 @@ class EmbedOptions:
     base64: bool = False  # rows as base64 of their float32 bytes (engine/base64_rows.py)
     sink: RowSink | None = None  # with base64: where the rows go (outputs.RowSink)
     instruction: str | None = None  # fills the prompt's {instruction} slot; None: its default
+    token_counts: np.ndarray | None = None  # (N,) ints: each text's tokens are written here
 
 
 @dataclass(frozen=True, slots=True)
