@@ -97,8 +97,13 @@ def _check_task(engine: Engine, asked: str) -> None:
         )
 
 
-def chunk_items(job: Job, start: int, encoded: Encoded) -> list[Item]:
+Counts = np.ndarray | None  # (N,) ints where each input's token count is written, if given
+
+
+def chunk_items(job: Job, start: int, encoded: Encoded, counts: Counts = None) -> list[Item]:
     """A tokenized chunk's texts as the job's items; `start` is its first text's index."""
+    if counts is not None:
+        counts[start : start + len(encoded.lengths)] = encoded.lengths
     views = zip(encoded.lengths, encoded.views(), strict=True)
     return [Item(job, start + i, n, ids) for i, (n, ids) in enumerate(views)]
 
@@ -295,14 +300,9 @@ class Engine:
         )
 
     async def _run(
-        self,
-        inputs: Sequence[Input],
-        spec: OutputSpec,
-        truncate: bool,
-        counts: np.ndarray | None = None,
+        self, inputs: Sequence[Input], spec: OutputSpec, truncate: bool, counts: Counts = None
     ) -> EmbedResult:
-        """The rows of `inputs` (texts, or pairs), finished as `spec` says; each input's
-        token count written into `counts` if given."""
+        """The rows of `inputs` (texts, or pairs), finished as `spec` says."""
         started = time.monotonic()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         job = Job(len(inputs), future=done)
@@ -330,7 +330,7 @@ class Engine:
         return EmbedResult(vectors, job.tokens, truncated, submitted - started, now - started)
 
     async def _tokenize_into(
-        self, job: Job, texts: Sequence[Input], truncate: bool, counts: np.ndarray | None
+        self, job: Job, texts: Sequence[Input], truncate: bool, counts: Counts
     ) -> int:
         """Tokenize chunk by chunk, submitting each as soon as it is ready: devices start on
         the first chunk while the rest is still being tokenized. Returns how many texts were
@@ -344,9 +344,7 @@ class Engine:
                     if job.cancelled:
                         break  # it failed meanwhile: its other texts need no tokenizing
                     with heap.gc_paused():
-                        self.queue.submit(job, chunk_items(job, start, encoded))
-                    if counts is not None:
-                        counts[start : start + len(encoded.lengths)] = encoded.lengths
+                        self.queue.submit(job, chunk_items(job, start, encoded, counts))
                     truncated += encoded.truncated
         finally:
             self.queue.feeding_done(job)

@@ -86,17 +86,29 @@ def command(job: CorpusJob, settings: Settings, stream: TextIO = sys.stderr) -> 
         return 128 + signum
 
 
-def run(job: CorpusJob, settings: Settings, stream: TextIO = sys.stderr) -> str:
-    """Embed every text of the job's inputs into its output; returns the summary line."""
+def run(
+    job: CorpusJob,
+    settings: Settings,
+    stream: TextIO = sys.stderr,
+    embedder: ChunkEmbedder | None = None,
+) -> str:
+    """Embed every text of the job's inputs into its output; returns the summary line. With
+    `embedder` (a model already loaded), the job's model and pooling are its, and it is left
+    open."""
     files = shards(job.inputs)
     reader = Reader(files, job.fields)
     work = WorkFolder(job.output, job.manifest(files))
     finished = work.open()
     progress = Progress(reader.total_bytes, stream)
+    model: contextlib.AbstractContextManager[ChunkEmbedder] = (
+        contextlib.nullcontext(embedder)
+        if embedder is not None
+        else ChunkEmbedder(job.model, pooling=job.pooling, settings=settings)
+    )
     try:
         with (
             _sigterm_raises(),
-            ChunkEmbedder(job.model, pooling=job.pooling, settings=settings) as embedder,
+            model as embedder,
             Prefetch(chunks(reader, job.chunk_texts)) as incoming,
             ThreadPoolExecutor(1, "embedx-writer") as writer,  # its exit waits for the write
         ):

@@ -173,12 +173,15 @@ class Reader:
             if not line.strip():
                 continue  # a blank line (a file's last, say) holds no record
             try:
-                value = json.loads(line.decode())
+                value = json.loads(line.rstrip(b"\r\n").decode())
             except UnicodeDecodeError as exc:
                 yield self._bad(shard, number, f"is not valid UTF-8 (byte {exc.start + 1})")
                 continue
-            except ValueError as exc:
-                yield self._bad(shard, number, f"is not JSON ({exc})")
+            except json.JSONDecodeError as exc:
+                yield self._bad(shard, number, f"is not JSON: {exc.msg}, column {exc.colno}")
+                continue
+            except RecursionError:
+                yield self._bad(shard, number, "is not JSON we read: nested too deep")
                 continue
             if not isinstance(value, dict):
                 yield self._bad(shard, number, f"is {kind(value)}, not a JSON object")
