@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from embedx.config import Settings, env_name, load_settings
@@ -39,6 +40,17 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def _add_job_flags(embed: argparse.ArgumentParser) -> None:
+    job = embed.add_argument_group("a corpus job (docs/jobs.md)")
+    job.add_argument("-o", "--output", help="write vectors here (.parquet, .npy, .safetensors)")
+    job.add_argument("--text-field", default="text", help="the texts' field or column")
+    job.add_argument("--id-field", default="id", help="the ids' field (else the row number)")
+    job.add_argument("--input-type", help="the prompt to wrap each text in (query, passage...)")
+    job.add_argument("--dimensions", type=int, help="cut vectors to N (a matryoshka model)")
+    job.add_argument("--skip-bad", action="store_true", help="skip bad lines, list them")
+    job.add_argument("--chunk-texts", type=int, default=50_000, help="texts a chunk")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embedx", description="Text embeddings on every GPU.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -48,10 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="validate settings and devices (preflight)")
     check.add_argument("--warm", metavar="MODEL", help="also load MODEL, embed once, unload")
     check.add_argument("--warm-pooling", metavar="POOLING", help="pooling for --warm")
-    embed = commands.add_parser("embed", help="embed texts given as arguments or on stdin")
+    embed = commands.add_parser(
+        "embed", help="embed texts given as arguments or on stdin, or files of them (-o)"
+    )
     embed.add_argument("model")
-    embed.add_argument("texts", nargs="*", help="texts (default: one per line on stdin)")
+    embed.add_argument(
+        "texts", nargs="*", help="texts (default: one per line on stdin); with -o, input files"
+    )
     embed.add_argument("--pooling", dest="model_pooling")
+    _add_job_flags(embed)
     for command in (serve, info, check, embed):
         _add_setting_flags(command)
     return parser
@@ -217,12 +234,40 @@ def _embed(settings: Settings, model: str, texts: Sequence[str], pooling: str | 
     return EXIT_OK
 
 
+def _embed_corpus(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        from embedx.jobs import CorpusJob, command
+    except ModuleNotFoundError as exc:
+        print(f"embedx: a corpus job needs the jobs' packages ({exc.name} is missing): "
+              'pip install "embedx-inference[jobs]"', file=sys.stderr)  # fmt: skip
+        return 1
+    from embedx.jobs.inputs import Fields
+
+    if not args.texts:
+        print("embedx: name the input files (or folders, or globs) to embed", file=sys.stderr)
+        return 1
+    job = CorpusJob(
+        model=args.model,
+        inputs=args.texts,
+        output=Path(args.output),
+        pooling=args.model_pooling,
+        fields=Fields(args.text_field, args.id_field),
+        input_type=args.input_type,
+        dimensions=args.dimensions,
+        skip_bad=args.skip_bad,
+        chunk_texts=args.chunk_texts,
+    )
+    return command(job, settings)
+
+
 def _run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if args.command == "info":
         return _info(settings, args.json)
     if args.command == "check":
         return _check(settings, args.warm, args.warm_pooling)
+    if args.command == "embed" and args.output is not None:
+        return _embed_corpus(settings, args)
     if args.command == "embed":
         return _embed(settings, args.model, args.texts, args.model_pooling)
     try:

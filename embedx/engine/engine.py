@@ -97,8 +97,13 @@ def _check_task(engine: Engine, asked: str) -> None:
         )
 
 
-def chunk_items(job: Job, start: int, encoded: Encoded) -> list[Item]:
+Counts = np.ndarray | None  # (N,) ints where each input's token count is written, if given
+
+
+def chunk_items(job: Job, start: int, encoded: Encoded, counts: Counts = None) -> list[Item]:
     """A tokenized chunk's texts as the job's items; `start` is its first text's index."""
+    if counts is not None:
+        counts[start : start + len(encoded.lengths)] = encoded.lengths
     views = zip(encoded.lengths, encoded.views(), strict=True)
     return [Item(job, start + i, n, ids) for i, (n, ids) in enumerate(views)]
 
@@ -279,7 +284,7 @@ class Engine:
             sink=options.sink,
         )
         texts = self.prompts.wrap(texts, options.input_type, options.instruction)
-        return await self._run(texts, spec, options.truncate)
+        return await self._run(texts, spec, options.truncate, options.token_counts)
 
     async def score(
         self, inputs: Sequence[str | tuple[str, str]], options: ScoreOptions | None = None
@@ -296,7 +301,9 @@ class Engine:
             result.vectors, result.tokens, result.truncated, result.tokenize_s, result.total_s
         )
 
-    async def _run(self, inputs: Sequence[Input], spec: OutputSpec, truncate: bool) -> EmbedResult:
+    async def _run(
+        self, inputs: Sequence[Input], spec: OutputSpec, truncate: bool, counts: Counts = None
+    ) -> EmbedResult:
         """The rows of `inputs` (texts, or pairs), finished as `spec` says."""
         started = time.monotonic()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -305,7 +312,7 @@ class Engine:
         self._jobs_in_flight += 1
         self._idle.clear()
         try:
-            truncated = await self._tokenize_into(job, inputs, truncate)
+            truncated = await self._tokenize_into(job, inputs, truncate, counts)
             submitted = time.monotonic()
             await done
         except BaseException:
@@ -325,7 +332,9 @@ class Engine:
         first = next(iter(parts.values()))
         return EmbedResult(first, job.tokens, truncated, submitted - started, now - started, parts)
 
-    async def _tokenize_into(self, job: Job, texts: Sequence[Input], truncate: bool) -> int:
+    async def _tokenize_into(
+        self, job: Job, texts: Sequence[Input], truncate: bool, counts: Counts
+    ) -> int:
         """Tokenize chunk by chunk, submitting each as soon as it is ready: devices start on
         the first chunk while the rest is still being tokenized. Returns how many texts were
         truncated."""
@@ -338,7 +347,7 @@ class Engine:
                     if job.cancelled:
                         break  # it failed meanwhile: its other texts need no tokenizing
                     with heap.gc_paused():
-                        self.queue.submit(job, chunk_items(job, start, encoded))
+                        self.queue.submit(job, chunk_items(job, start, encoded, counts))
                     truncated += encoded.truncated
                     self.input_tokens.observe_all(encoded.lengths)
         finally:

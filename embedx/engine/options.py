@@ -27,6 +27,7 @@ class EmbedOptions:
     encodings: tuple[str, ...] = FLOAT
     sink: RowSink | None = None  # with base64 alone: where the rows go (outputs.RowSink)
     instruction: str | None = None  # fills the prompt's {instruction} slot; None: its default
+    token_counts: np.ndarray | None = None  # (N,) ints: each text's tokens are written here
 
 
 @dataclass(frozen=True, slots=True)

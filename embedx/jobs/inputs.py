@@ -1,0 +1,320 @@
+"""A corpus job's inputs read as one stream of records: the files an INPUT names, each
+opened as its format and compression say, every line either a text or a bad line."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import gzip
+import io
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from embedx.errors import InvalidInput
+
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+FORMATS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+PARQUET_BATCH = 8192
+csv.field_size_limit(2**31 - 1)  # a text may be longer than the module's 128 KiB default
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    text: str = "text"
+    id: str = "id"
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One input file: its path, format and compression."""
+
+    path: Path
+    format: str
+    compression: str | None
+
+    def identity(self) -> dict[str, Any]:
+        """What says the file is the one a job began on."""
+        stat = self.path.stat()
+        return {
+            "path": str(self.path.resolve()),
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+        }
+
+
+@dataclass(slots=True)
+class Record:
+    row: int  # its place among every line of the inputs, bad ones included
+    id: str | int  # the id field's value, else the row
+    text: str
+
+
+@dataclass(slots=True)
+class Bad:
+    file: str
+    line: int | None  # None: the whole file (an empty one)
+    row: int | None
+    error: str
+
+    def message(self) -> str:
+        where = self.file if self.line is None else f"{self.file}, line {self.line}"
+        return f"{where}: {self.error}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "row": self.row, "error": self.error}
+
+
+def shards(inputs: Sequence[str]) -> list[Shard]:
+    """The files INPUT arguments name: files, folders (their files, sorted by name, hidden ones
+    and Spark's `_SUCCESS` left out) and globs (sorted), in the order given."""
+    paths: list[Path] = []
+    for given in inputs:
+        path = Path(given)
+        if path.is_dir():
+            inside = sorted(p for p in path.iterdir() if p.is_file() and p.name[0] not in "._")
+            if not inside:
+                raise InvalidInput(f"input folder {given} holds no files")
+            paths.extend(inside)
+        elif path.is_file():
+            paths.append(path)
+        elif glob.has_magic(given):
+            matched = sorted(Path(p) for p in glob.glob(given) if os.path.isfile(p))
+            if not matched:
+                raise InvalidInput(f"input {given!r} matches no file")
+            paths.extend(matched)
+        else:
+            raise InvalidInput(f"input {given} does not exist")
+    return [shard_of(p) for p in paths]
+
+
+def shard_of(path: Path) -> Shard:
+    suffixes = [s.lower() for s in path.suffixes]
+    compression = COMPRESSIONS.get(suffixes[-1]) if suffixes else None
+    if compression:
+        suffixes.pop()
+    fmt = FORMATS.get(suffixes[-1], "text") if suffixes else "text"
+    if fmt == "parquet" and compression:
+        raise InvalidInput(f"{path}: a Parquet file compresses itself; give it uncompressed")
+    return Shard(path, fmt, compression)
+
+
+class Reader:
+    """The records of every shard in order; `position` is how many of their bytes (as stored)
+    have been read, for the progress bar."""
+
+    def __init__(self, files: Sequence[Shard], fields: Fields) -> None:
+        self.files = files
+        self.fields = fields
+        self.total_bytes = sum(f.path.stat().st_size for f in files)
+        self.position = 0
+        self._done_bytes = 0  # the finished files'
+        self._row = 0
+
+    def __iter__(self) -> Iterator[Record | Bad]:
+        read = {"jsonl": self._jsonl, "csv": self._csv, "tsv": self._csv, "text": self._text}
+        for shard in self.files:
+            if shard.format == "parquet":
+                yield from self._counted(shard, self._parquet(shard), None)
+            else:
+                with open(shard.path, "rb") as raw:
+                    yield from self._counted(shard, read[shard.format](shard, raw), raw.tell)
+            self._done_bytes += shard.path.stat().st_size
+            self.position = self._done_bytes
+
+    def _counted(
+        self,
+        shard: Shard,
+        records: Iterator[Record | Bad],
+        tell: Callable[[], int] | None,
+    ) -> Iterator[Record | Bad]:
+        empty = True
+        for record in records:
+            empty = False
+            if tell is not None:
+                self.position = self._done_bytes + tell()
+            yield record
+        if empty:
+            yield Bad(str(shard.path), None, None, "the file is empty: it holds no texts")
+
+    def _next_row(self) -> int:
+        row = self._row
+        self._row += 1
+        return row
+
+    def _record(self, shard: Shard, line: int, text: object, id_: object) -> Record | Bad:
+        row = self._next_row()
+        problem = text_problem(self.fields.text, text)
+        if problem is None:
+            if id_ is None or id_ == "":
+                return Record(row, row, text)  # type: ignore[arg-type]  # checked above
+            if type(id_) is int or (isinstance(id_, str) and valid_unicode(id_)):
+                return Record(row, id_, text)  # type: ignore[arg-type]
+            problem = f"field {self.fields.id!r} is {kind(id_)}, not a string or an integer"
+        return Bad(str(shard.path), line, row, problem)
+
+    def _bad(self, shard: Shard, line: int, error: str) -> Bad:
+        return Bad(str(shard.path), line, self._next_row(), error)
+
+    def _jsonl(self, shard: Shard, raw: IO[bytes]) -> Iterator[Record | Bad]:
+        for number, line in enumerate(open_bytes(shard, raw), 1):
+            if not line.strip():
+                continue  # a blank line (a file's last, say) holds no record
+            try:
+                value = json.loads(line.rstrip(b"\r\n").decode())
+            except UnicodeDecodeError as exc:
+                yield self._bad(shard, number, f"is not valid UTF-8 (byte {exc.start + 1})")
+                continue
+            except json.JSONDecodeError as exc:
+                yield self._bad(shard, number, f"is not JSON: {exc.msg}, column {exc.colno}")
+                continue
+            except RecursionError:
+                yield self._bad(shard, number, "is not JSON we read: nested too deep")
+                continue
+            if not isinstance(value, dict):
+                yield self._bad(shard, number, f"is {kind(value)}, not a JSON object")
+            elif self.fields.text not in value:
+                yield self._bad(shard, number, f"has no field {self.fields.text!r}")
+            else:
+                yield self._record(
+                    shard, number, value[self.fields.text], value.get(self.fields.id)
+                )
+
+    def _text(self, shard: Shard, raw: IO[bytes]) -> Iterator[Record | Bad]:
+        for number, line in enumerate(open_bytes(shard, raw), 1):
+            line = line.removesuffix(b"\n").removesuffix(b"\r")
+            if number == 1:
+                line = line.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is the file's
+            try:
+                text = line.decode()
+            except UnicodeDecodeError as exc:
+                yield self._bad(shard, number, f"is not valid UTF-8 (byte {exc.start + 1})")
+                continue
+            if not text.strip():
+                yield self._bad(shard, number, "is blank: each line is a text")
+            else:
+                row = self._next_row()
+                yield Record(row, row, text)
+
+    def _csv(self, shard: Shard, raw: IO[bytes]) -> Iterator[Record | Bad]:
+        stream = io.TextIOWrapper(
+            open_bytes(shard, raw), encoding="utf-8-sig", errors="surrogateescape", newline=""
+        )
+        tabs = shard.format == "tsv"  # IANA's TSV: no quoting, a field holds no tab or newline
+        rows = csv.reader(stream, delimiter="\t" if tabs else ",",
+                          quoting=csv.QUOTE_NONE if tabs else csv.QUOTE_MINIMAL)  # fmt: skip
+        header = next(rows, None)
+        if header is None:
+            return
+        if self.fields.text not in header:
+            raise InvalidInput(
+                f"{shard.path}, line 1: the header has no column {self.fields.text!r} (its "
+                f"columns: {', '.join(header)[:200]}); --text-field names the column"
+            )
+        text_at = header.index(self.fields.text)
+        id_at = header.index(self.fields.id) if self.fields.id in header else None
+        line = rows.line_num + 1
+        while True:
+            try:
+                fields = next(rows)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                yield self._bad(shard, line, f"is not {shard.format.upper()} ({exc})")
+                line = rows.line_num + 1
+                continue
+            if len(fields) != len(header):
+                yield self._bad(
+                    shard, line, f"has {len(fields)} fields where the header has {len(header)}"
+                )
+            else:
+                ident = fields[id_at] if id_at is not None else None
+                yield self._record(shard, line, fields[text_at], ident)
+            line = rows.line_num + 1
+
+    def _parquet(self, shard: Shard) -> Iterator[Record | Bad]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.ParquetFile(shard.path)
+        except (pa.ArrowException, OSError) as exc:
+            raise InvalidInput(f"{shard.path}: not a Parquet file ({exc})") from None
+        schema = table.schema_arrow
+        if self.fields.text not in schema.names:
+            raise InvalidInput(
+                f"{shard.path}: no column {self.fields.text!r} (its columns: "
+                f"{', '.join(schema.names)[:200]}); --text-field names the column"
+            )
+        columns = [self.fields.text]
+        text_type = schema.field(self.fields.text).type
+        if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
+            raise InvalidInput(
+                f"{shard.path}: column {self.fields.text!r} holds {text_type}, not strings"
+            )
+        if self.fields.id in schema.names:
+            columns.append(self.fields.id)
+        size = shard.path.stat().st_size
+        total = max(table.metadata.num_rows, 1)
+        done = 0
+        for batch in table.iter_batches(batch_size=PARQUET_BATCH, columns=columns):
+            texts = batch.column(0).to_pylist()
+            ids = batch.column(1).to_pylist() if len(columns) > 1 else [None] * len(texts)
+            for offset, (text, ident) in enumerate(zip(texts, ids, strict=True)):
+                yield self._record(shard, done + offset + 1, text, ident)
+            done += len(texts)
+            self.position = self._done_bytes + size * done // total
+
+
+def open_bytes(shard: Shard, raw: IO[bytes]) -> IO[bytes]:
+    """The file's bytes as stored, decompressed."""
+    if shard.compression == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if shard.compression == "zstd":
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        return io.BufferedReader(reader)
+    return raw
+
+
+def text_problem(field: str, text: object) -> str | None:
+    """Why `text` cannot be embedded, or None."""
+    if not isinstance(text, str):
+        return f"field {field!r} is {kind(text)}, not a string"
+    if not text:
+        return f"field {field!r} is empty"
+    if not valid_unicode(text):
+        return f"field {field!r} is not valid Unicode (bytes that were not UTF-8?)"
+    return None
+
+
+def valid_unicode(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def kind(value: object) -> str:
+    """A JSON value's kind, as a person would say it."""
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string",
+             list: "an array", dict: "an object"}  # fmt: skip
+    return names.get(type(value), f"a {type(value).__name__}")

@@ -1,0 +1,108 @@
+"""A corpus job's finished chunks joined into its OUTPUT, one chunk in memory at a time:
+Parquet (id, vector, tokens), a .npy matrix, or safetensors (vectors, tokens, rows)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedx.jobs.parts import part_bad
+
+
+def output_format(output: Path) -> str:
+    """What OUTPUT's name asks for: .npy, .safetensors, else Parquet."""
+    suffix = output.suffix.lower()
+    return {".npy": "npy", ".safetensors": "safetensors"}.get(suffix, "parquet")
+
+
+def join(parts: Sequence[Path], output: Path, width: int, temporary: Path) -> int:
+    """Write the parts' rows, in order, to `output` (through `temporary`, renamed into place
+    once whole); returns the rows written."""
+    import pyarrow.parquet as pq
+
+    rows: int = sum(pq.read_metadata(p).num_rows for p in parts)
+    write = {"parquet": _parquet, "npy": _npy, "safetensors": _safetensors}
+    write[output_format(output)](parts, temporary, width, rows)
+    os.replace(temporary, output)
+    return rows
+
+
+def write_bad(parts: Sequence[Path], side: Path) -> int:
+    """The parts' bad lines, one JSON object a line, in `side` (removed when there are none:
+    an old one would speak of another run's lines); returns how many."""
+    lines = [json.dumps(b) + "\n" for p in parts for b in part_bad(p)]
+    if not lines:
+        side.unlink(missing_ok=True)
+        return 0
+    temporary = side.with_name(f".{side.name}.tmp")
+    temporary.write_text("".join(lines))
+    os.replace(temporary, side)
+    return len(lines)
+
+
+def _parquet(parts: Sequence[Path], temporary: Path, width: int, rows: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    strings = any(pa.types.is_string(pq.read_schema(p).field("id").type) for p in parts)
+    schema = pa.schema(
+        [
+            ("id", pa.string() if strings else pa.int64()),
+            ("vector", pa.list_(pa.float32(), width)),
+            ("tokens", pa.int32()),
+        ]
+    )
+    with pq.ParquetWriter(temporary, schema) as writer:
+        for part in parts:
+            table = pq.read_table(part, columns=["id", "vector", "tokens"])
+            writer.write_table(table.replace_schema_metadata(None).cast(schema))
+
+
+def _npy(parts: Sequence[Path], temporary: Path, width: int, rows: int) -> None:
+    matrix = np.lib.format.open_memmap(temporary, "w+", np.float32, (rows, width))
+    at = 0
+    for part in parts:
+        vectors = _vectors(part, width)
+        matrix[at : at + len(vectors)] = vectors
+        at += len(vectors)
+    matrix.flush()
+    del matrix
+
+
+def _safetensors(parts: Sequence[Path], temporary: Path, width: int, rows: int) -> None:
+    """safetensors' layout written a part at a time: a little-endian u64 header length, the
+    JSON header (padded with spaces to 8 bytes), then each tensor's bytes in header order."""
+    import pyarrow.parquet as pq
+
+    tensors = [("vectors", "F32", [rows, width], 4 * width), ("tokens", "I32", [rows], 4),
+               ("rows", "I64", [rows], 8)]  # fmt: skip
+    header: dict[str, Any] = {"__metadata__": {"format": "embedx corpus job"}}
+    offset = 0
+    for name, dtype, shape, row_bytes in tensors:
+        end = offset + rows * row_bytes
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, end]}
+        offset += rows * row_bytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(temporary, "wb") as sink:
+        sink.write(struct.pack("<Q", len(encoded)) + encoded)
+        for part in parts:
+            sink.write(_vectors(part, width).tobytes())
+        for column, dtype in (("tokens", "<i4"), ("row", "<i8")):
+            for part in parts:
+                values = pq.read_table(part, columns=[column]).column(0).to_numpy()
+                sink.write(values.astype(dtype).tobytes())
+
+
+def _vectors(part: Path, width: int) -> np.ndarray:
+    import pyarrow.parquet as pq
+
+    column = pq.read_table(part, columns=["vector"]).column(0).combine_chunks()
+    values: np.ndarray = column.flatten().to_numpy(zero_copy_only=False)
+    return values.reshape(-1, width)
