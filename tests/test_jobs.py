@@ -12,8 +12,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,8 @@ from embedx.errors import InvalidInput
 from embedx.jobs import CorpusJob, command, run
 from embedx.jobs.corpus import ChunkEmbedder
 from embedx.jobs.inputs import Bad, Fields, Reader, Record, shards
-from tests.conftest import DATA
+from tests.support.corpus import DATA
+from tests.support.waiting import eventually
 
 
 @pytest.fixture(scope="module")
@@ -285,14 +285,21 @@ def start_job(source: Path, output: Path, minilm_dir: Path) -> subprocess.Popen[
     )  # fmt: skip
 
 
-def wait_for_parts(parts: Path, count: int, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 300
-    while len(list(parts.glob("chunk-*.parquet"))) < count:
+def wait_for(ready: Callable[[], bool], process: subprocess.Popen[str]) -> None:
+    """Until `ready()`, while the job runs: a job that ended first fails with its output."""
+
+    def running_until_ready() -> bool:
         assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "no chunk written in time"
-        time.sleep(0.01)
+        return ready()
+
+    eventually(running_until_ready, within=300)
 
 
+def wait_for_parts(parts: Path, count: int, process: subprocess.Popen[str]) -> None:
+    wait_for(lambda: len(list(parts.glob("chunk-*.parquet"))) >= count, process)
+
+
+@pytest.mark.process
 @pytest.mark.slow  # four runs, each loading the model
 def test_a_job_killed_or_stopped_resumes_to_the_one_shot_result_each_row_once(
     tmp_path: Path, corpus: list[dict[str, Any]], embedder: ChunkEmbedder, minilm_dir: Path
@@ -305,9 +312,7 @@ def test_a_job_killed_or_stopped_resumes_to_the_one_shot_result_each_row_once(
     output = tmp_path / "out.parquet"
     parts = tmp_path / "out.parquet.parts"
     loading = start_job(source, output, minilm_dir)  # the manifest is written before the load
-    while not (parts / "manifest.json").exists():
-        assert loading.poll() is None, loading.communicate()
-        time.sleep(0.01)
+    wait_for((parts / "manifest.json").exists, loading)
     loading.send_signal(signal.SIGKILL)
     loading.communicate(timeout=60)
 
