@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import statistics
@@ -250,7 +251,8 @@ def run_infinity(
 
 
 def _ratios(methods: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """The issue's floors, in pairs/s: embedx over each peer, the server over the library."""
+    """The ratios embedx is held to, in pairs/s: embedx over each peer, the server over the
+    library."""
     rate = {name: m["pairs_per_s"] for name, m in methods.items()}
     wanted = {"server_over_library": ("embedx_server", "embedx_library"),
               "server_over_infinity": ("embedx_server", "infinity"),
@@ -297,10 +299,18 @@ def main() -> None:
                                   "documents_per_query": args.documents, "pairs": len(pairs),
                                   "tokens": tokens, "methods": {}}  # fmt: skip
         methods = result["methods"]
+
+        def measured(name: str, figures: dict[str, Any]) -> None:
+            """Each method's figures on disk as they come: a run cut short keeps them."""
+            methods[name] = figures
+            result["ratios"] = _ratios(methods)
+            if args.out:
+                Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
         if "library" not in args.skip:
-            methods["embedx_library"] = run_library(directory, requests, tokens, args)
+            measured("embedx_library", run_library(directory, requests, tokens, args))
         if "server" not in args.skip:
-            methods["embedx_server"] = run_server(directory, requests, tokens, args)
+            measured("embedx_server", run_server(directory, requests, tokens, args))
         if "cross_encoder" not in args.skip:
             crossed = run_cross_encoder(directory, peers, peer_tokens, device)
             ours = args.workdir / "embedx_scores.npy"
@@ -309,10 +319,9 @@ def main() -> None:
                 crossed["max_abs_diff_vs_embedx"] = float(gap.max())
             else:
                 crossed.pop("scores")
-            methods["cross_encoder"] = crossed
+            measured("cross_encoder", crossed)
         if args.infinity_site:
-            methods["infinity"] = run_infinity(directory, peers, peer_tokens, args)
-        result["ratios"] = _ratios(methods)
+            measured("infinity", run_infinity(directory, peers, peer_tokens, args))
     write_json(result, args.out)
 
 
