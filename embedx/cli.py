@@ -117,7 +117,7 @@ async def _warm(settings: Settings, model: str, pooling: str | None) -> dict[str
     try:
         async with registry.lease(model, LoadRequest(pooling=pooling)) as engine:
             result = await engine.embed(["embedx check --warm"])
-            described = engine.describe()
+            described = engine.engine.describe()
             described["vector_dimensions"] = int(result.vectors.shape[1])
     finally:
         await registry.drain(settings.drain_timeout_s)

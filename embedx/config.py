@@ -183,8 +183,9 @@ class Settings:
     max_loaded_models: int = _setting(
         4,
         values.integer(1),
-        "Most models resident at once; the least recently used idle one is evicted (also "
-        "when a model fits on no device beside those loaded).",
+        "Most copies of model weights resident at once (names over one source, revision, "
+        "dtype, length and pooling share one); the least recently used idle one is evicted "
+        "(also when a model fits on no device beside those loaded).",
     )
     max_concurrent_loads: int = _setting(2, values.integer(1), "Models loading at the same time.")
     smoke_test_on_load: bool = _setting(

@@ -266,6 +266,29 @@ async def test_evicting_a_model_gives_its_gpu_memory_back(minilm_dir: Path) -> N
     assert max(leftover[1:]) <= 2**20, leftover
 
 
+async def test_two_names_over_one_source_allocate_its_weights_once(minilm_dir: Path) -> None:
+    from embedx.models.catalog import load_catalog
+    from embedx.registry import ModelRegistry
+
+    settings = load_settings({"devices": "0", "smoke_test_on_load": "false"})
+    catalog = load_catalog(None)
+    for name in ("search", "classify"):  # one source, as an instruct model's tasks are
+        catalog[name] = ModelSpec(name=name, source=str(minilm_dir), pooling=Pooling.MEAN)
+    registry = ModelRegistry(settings, catalog, discover(settings), open_accelerator)
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(0)
+    async with registry.lease("search"):
+        torch.cuda.synchronize()
+        first = torch.cuda.memory_allocated(0)
+        async with registry.lease("classify"):
+            torch.cuda.synchronize()
+            second = torch.cuda.memory_allocated(0)
+    await registry.drain(5)
+    assert first > before + 20 * 2**20  # MiniLM's weights and buffers
+    assert second - first < 2**20, "the second name allocated a copy of its own"
+
+
 @pytest.mark.parametrize("name", ["bert-1", "xlm-roberta-3"])
 async def test_a_scorer_on_the_gpu_scores_as_cross_encoder_does(
     tiny_classifiers: dict[str, Path], reference_texts: list[str], name: str

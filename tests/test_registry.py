@@ -191,7 +191,7 @@ async def test_keep_alive_zero_unloads_when_the_last_user_leaves_and_frees_memor
 ) -> None:
     models = registry()
     async with models.lease(str(minilm_dir), LoadRequest(pooling="mean", keep_alive_s=0)) as engine:
-        weights = weakref.ref(engine.replicas[0].model.encoder.word)  # type: ignore[attr-defined]
+        weights = weakref.ref(engine.engine.replicas[0].model.encoder.word)  # type: ignore[attr-defined]
         await engine.embed(["held"])
     assert models.residents() == []
     del engine
@@ -211,7 +211,7 @@ async def test_an_idle_model_is_freed_while_another_keeps_the_heap_frozen(
     async with models.lease("bert-base"):  # stays, for the default keep-alive
         pass
     async with models.lease("bert-large", LoadRequest(keep_alive_s=0)) as engine:
-        weights = weakref.ref(engine.replicas[0].model.encoder.word)  # type: ignore[attr-defined]
+        weights = weakref.ref(engine.engine.replicas[0].model.encoder.word)  # type: ignore[attr-defined]
     del engine
 
     def freed() -> bool:  # the unload runs in the background
@@ -339,8 +339,8 @@ async def test_a_preloaded_model_reloaded_after_a_fault_stays_whatever_its_reloa
     models = registry(tiny_models)
     await models.preload(["bert-base"])
     async with models.lease("bert-base") as engine:
-        for slot in engine.queue.devices:  # every device of it fails under this request
-            engine.queue.quarantine(slot, "failed (injected)")
+        for slot in engine.engine.queue.devices:  # every device of it fails under this request
+            engine.engine.queue.quarantine(slot, "failed (injected)")
     # unloaded as the request left, and loading again at once: the server keeps it
     assert [r.engine for r in models.residents() if r.spec.name == "bert-base"] == [None]
     async with models.lease("bert-base", LoadRequest(keep_alive_s=0)):  # joins that load

@@ -44,8 +44,8 @@ async def test_a_quarantined_device_makes_health_degraded_and_info_names_it(
     )
     registry = ModelRegistry(settings, catalog, [cpu_info("good"), cpu_info("bad")], CpuAccelerator)
     app = create_app(settings, registry)
-    async with registry.lease("m") as engine:  # loaded; now break one device
-        for replica in engine.replicas:
+    async with registry.lease("m") as named:  # loaded; now break one device
+        for replica in named.engine.replicas:
             if replica.accelerator.info.label == "bad":
                 replica.model.forward = SlowForward(  # type: ignore[method-assign]
                     replica.model.forward, fail=lambda b, n: RuntimeError("ECC error (injected)")
@@ -84,7 +84,7 @@ async def test_a_preloaded_model_whose_every_device_failed_loads_again_by_itself
     comes."""
     registry, app = await _preloaded_on_one_device(minilm_dir)
     async with registry.lease("m") as engine:
-        _break_every_device(engine)
+        _break_every_device(engine.engine)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
         body = {"model": "m", "input": ["a text", "another"]}
@@ -101,7 +101,7 @@ async def test_a_preloaded_model_whose_every_device_failed_loads_again_by_itself
         # under steady traffic too: a request still holding the broken engine does not
         # keep the next one from loading it afresh
         async with registry.lease("m") as engine:
-            _break_every_device(engine)
+            _break_every_device(engine.engine)
             failed = await client.post("/v1/embeddings", json=body)
             assert failed.status_code == 503
             served = await client.post("/v1/embeddings", json=body)
@@ -140,7 +140,7 @@ async def test_a_preloaded_model_that_cannot_load_again_fails_health_until_it_do
 
     monkeypatch.setattr(Engine, "load", load)
     async with registry.lease("m") as engine:
-        _break_every_device(engine)
+        _break_every_device(engine.engine)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://embedx") as client:
         body = {"model": "m", "input": ["a text"]}
@@ -190,7 +190,7 @@ async def test_a_preloaded_model_with_no_slot_free_to_load_again_tries_later(
 
     monkeypatch.setattr(registry, "_reserve", busy_once)
     async with registry.lease("m") as engine:
-        _break_every_device(engine)
+        _break_every_device(engine.engine)
         with pytest.raises(NoDeviceAvailable):
             await engine.embed(["a text"])
     await _until_loaded(registry, "m")  # refused once, loaded on the next try

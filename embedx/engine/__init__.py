@@ -1,6 +1,7 @@
 """One model on every device it fits: loaded, fed by its converging queue, its rows finished."""
 
 from embedx.engine.engine import Engine, EngineState, open_engine
+from embedx.engine.named import NamedEngine
 from embedx.engine.options import (
     EmbedOptions,
     EmbedResult,
@@ -15,6 +16,7 @@ __all__ = [
     "Engine",
     "EngineOptions",
     "EngineState",
+    "NamedEngine",
     "ScoreOptions",
     "ScoreResult",
     "open_engine",

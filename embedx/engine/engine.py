@@ -86,15 +86,13 @@ def _task(spec: ModelSpec, files: ModelFiles) -> tuple[ModelTask, bool]:
     return task, token_types
 
 
-def _check_task(engine: Engine, asked: str) -> None:
-    """A request asks what the model is for (`asked`: embed, or score)."""
+def _check_task(engine: Engine, asked: str, name: str) -> None:
+    """A request asks what the model is for (`asked`: embed, or score), by `name`."""
     task = engine.task.kind
     if task != asked:
         does = "scores (query, document) pairs" if task == "score" else "embeds texts"
         wanted = "scoring pairs" if asked == "score" else "embedding texts"
-        raise WrongModelTask(
-            f"model {engine.spec.name!r} {does}; it is not for {wanted}", task=task
-        )
+        raise WrongModelTask(f"model {name!r} {does}; it is not for {wanted}", task=task)
 
 
 Counts = np.ndarray | None  # (N,) ints where each input's token count is written, if given
@@ -191,7 +189,7 @@ class Engine:
             engine._start_workers()
             engine.state = EngineState.READY
             if options.smoke_test:
-                await engine._smoke_test()
+                await _smoke_test(engine)
         except BaseException:
             await engine.close()
             raise
@@ -240,25 +238,6 @@ class Engine:
         log.error("%s: the worker of %s failed", self.spec.name, worker.slot.name, exc_info=error)
         self.queue.quarantine(worker.slot, f"its worker failed: {error!r}")
 
-    async def _smoke_test(self) -> None:
-        try:
-            if self.task.kind == "score":
-                vectors = (await self.score([(SMOKE_TEXT, SMOKE_TEXT)])).scores
-            else:
-                vectors = (await self.embed([SMOKE_TEXT], EmbedOptions(normalize=False))).vectors
-        except Exception as exc:
-            raise SmokeTestFailed(f"model {self.spec.name!r} failed its smoke test: {exc}") from exc
-        finally:  # no one's request: the counts of requests and their latency start after
-            # it (the devices' counts of batches and tokens include its one batch)
-            self.requests = 0
-            self.latency = Histogram(LATENCY_BUCKETS_S)
-            self.input_tokens = Histogram(INPUT_TOKEN_BUCKETS)
-        vector = vectors[0]
-        if not np.isfinite(vector).all() or not np.any(vector):
-            raise SmokeTestFailed(
-                f"model {self.spec.name!r} failed its smoke test: its vector is not finite or zero"
-            )
-
     # -- embedding -----------------------------------------------------------------------
 
     def _check_ready(self) -> None:
@@ -268,11 +247,20 @@ class Engine:
                 "is shutting down while this request arrived; send it again"
             )
 
-    async def embed(self, texts: Sequence[str], options: EmbedOptions | None = None) -> EmbedResult:
-        """Embed `texts`; rows come back in their order. Cancelling drops the pending work."""
+    async def embed(
+        self,
+        texts: Sequence[str],
+        options: EmbedOptions | None = None,
+        *,
+        prompts: Prompts | None = None,
+    ) -> EmbedResult:
+        """Embed `texts`, wrapped in `prompts` (a name's, where several share these weights;
+        else the engine's own); rows come back in their order. Cancelling drops the pending
+        work."""
         options = options or EmbedOptions()
+        prompts = prompts or self.prompts
         self._check_ready()
-        _check_task(self, "embed")
+        _check_task(self, "embed", prompts.model)
         texts = checked_texts(texts)
         spec = outputs.settle(
             width=self.dimensions,
@@ -283,17 +271,22 @@ class Engine:
             encodings=options.encodings,
             sink=options.sink,
         )
-        texts = self.prompts.wrap(texts, options.input_type, options.instruction)
+        texts = prompts.wrap(texts, options.input_type, options.instruction)
         return await self._run(texts, spec, options.truncate, options.token_counts)
 
     async def score(
-        self, inputs: Sequence[str | tuple[str, str]], options: ScoreOptions | None = None
+        self,
+        inputs: Sequence[str | tuple[str, str]],
+        options: ScoreOptions | None = None,
+        *,
+        name: str | None = None,
     ) -> ScoreResult:
-        """Score (query, document) pairs, or single texts (a classifier's); rows of scores,
-        one per label, come back in their order. Cancelling drops the pending work."""
+        """Score (query, document) pairs, or single texts (a classifier's), for the model
+        `name` (else the engine's); rows of scores, one per label, come back in their order.
+        Cancelling drops the pending work."""
         options = options or ScoreOptions()
         self._check_ready()
-        _check_task(self, "score")
+        _check_task(self, "score", name or self.spec.name)
         pairs = checked_scored(inputs)
         spec = outputs.scores(self.dimensions, "identity" if options.raw else self.task.activation)
         result = await self._run(pairs, spec, options.truncate)
@@ -410,6 +403,27 @@ class Engine:
     def describe(self) -> dict[str, Any]:
         """The report, for /info."""
         return self.report().as_dict()
+
+
+async def _smoke_test(engine: Engine) -> None:
+    """One text (or pair) run through the loaded model: its row must be finite and not zero."""
+    try:
+        if engine.task.kind == "score":
+            vectors = (await engine.score([(SMOKE_TEXT, SMOKE_TEXT)])).scores
+        else:
+            vectors = (await engine.embed([SMOKE_TEXT], EmbedOptions(normalize=False))).vectors
+    except Exception as exc:
+        raise SmokeTestFailed(f"model {engine.spec.name!r} failed its smoke test: {exc}") from exc
+    finally:  # no one's request: the counts of requests and their latency start after
+        # it (the devices' counts of batches and tokens include its one batch)
+        engine.requests = 0
+        engine.latency = Histogram(LATENCY_BUCKETS_S)
+        engine.input_tokens = Histogram(INPUT_TOKEN_BUCKETS)
+    vector = vectors[0]
+    if not np.isfinite(vector).all() or not np.any(vector):
+        raise SmokeTestFailed(
+            f"model {engine.spec.name!r} failed its smoke test: its vector is not finite or zero"
+        )
 
 
 async def open_engine(

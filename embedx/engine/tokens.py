@@ -11,12 +11,12 @@ from embedx.engine.texts import checked_texts
 from embedx.errors import InputTooLong
 
 if TYPE_CHECKING:
-    from embedx.engine.engine import Engine
+    from embedx.engine.named import NamedEngine
     from embedx.models.spans import Token
 
 
 async def tokenize(
-    engine: Engine,
+    engine: NamedEngine,
     texts: Sequence[str],
     *,
     special: bool = True,
@@ -44,7 +44,9 @@ async def tokenize(
     )
 
 
-async def decode(engine: Engine, ids: list[list[int]], *, skip_special: bool = True) -> list[str]:
+async def decode(
+    engine: NamedEngine, ids: list[list[int]], *, skip_special: bool = True
+) -> list[str]:
     """Each list of token ids as the model's tokenizer writes it back."""
     spans = engine.tokenizer.spans
     return await asyncio.to_thread(spans.decode, ids, skip_special=skip_special)

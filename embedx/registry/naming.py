@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedx.config import Settings
-from embedx.errors import ConfigError, InvalidOption, ModelNotFound, PoolingConflict
+from embedx.errors import (
+    ConfigError,
+    InvalidOption,
+    ModelNotFound,
+    PoolingConflict,
+    PoolingRequired,
+)
 from embedx.models.catalog import ModelSpec, check_dtype
 from embedx.models.pooling import Pooling
 from embedx.models.source import (
@@ -107,6 +113,22 @@ class Names:
         same = [known for known in self.catalog if known.rsplit("/", 1)[-1].lower() == tail]
         close = same or difflib.get_close_matches(name, list(self.catalog), n=1, cutoff=0.8)
         return f"; did you mean {close[0]!r}?" if close else ""
+
+    def pooling_required(self, name: str, found: bool) -> PoolingRequired:
+        """Why a name not loaded whose pooling nobody stated cannot load (`found`: whether the
+        hub could say it exists)."""
+        unchecked = (
+            ""
+            if found
+            else " (the Hugging Face hub could not be reached to check that it exists; with "
+            "HF_HUB_OFFLINE=1 a name found nowhere is a 404)"
+        )
+        return PoolingRequired(
+            f"model {name!r} is not loaded and its pooling is unknown{unchecked}: send pooling "
+            "(cls, mean or last_token) with the first request, or add it to the catalog. embedx "
+            f"never guesses pooling{self.did_you_mean(name)}",
+            param="pooling",
+        )
 
     def served_as(self, name: str) -> tuple[str, Path | None]:
         """The name a request's model is served under, and the directory it names if it is a

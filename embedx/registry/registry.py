@@ -1,5 +1,6 @@
-"""ModelRegistry: loads a model on first use (once, however many ask), keeps it while it is used,
-and unloads it after its keep-alive or when the residency cap needs its room."""
+"""ModelRegistry: loads a model on first use (once, however many ask; one copy of the weights
+for every name over the same source), keeps it while it is used, and unloads it after its
+keep-alive or when the residency cap needs its room."""
 
 from __future__ import annotations
 
@@ -12,12 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from embedx import heap
 from embedx.config import Settings
-from embedx.engine import Engine
+from embedx.engine import Engine, NamedEngine
 from embedx.errors import (
     EmbedxError,
     InvalidOption,
     ModelNotFound,
-    PoolingRequired,
     ShuttingDown,
 )
 from embedx.models.catalog import ModelSpec, check_dtype
@@ -30,7 +30,15 @@ from embedx.registry.failures import (
 from embedx.registry.loading import Loads
 from embedx.registry.naming import LoadRequest, Names, asked_length, asked_pooling
 from embedx.registry.report import RegistryReport
-from embedx.registry.residency import FOREVER, Resident, least_recently_used, no_room
+from embedx.registry.residency import (
+    FOREVER,
+    Residency,
+    Resident,
+    Weights,
+    least_recently_used,
+    no_room,
+    weights_key,
+)
 
 if TYPE_CHECKING:
     from embedx.devices import Accelerator, DeviceInfo
@@ -58,7 +66,9 @@ class ModelRegistry:
         self.clock = clock
         self.devices = list(devices)
         self.loads = Loads(settings, devices, open_accelerator, clock)
-        self._models: dict[str, Resident] = {}
+        self._residency = Residency()
+        self._models = self._residency.names  # by name
+        self._weights = self._residency.copies  # the copies of weights the names share
         self._closing = False
         self._unloading: set[asyncio.Task[None]] = set()  # evicted engines still closing
         self._preloaded: set[str] = set()  # EMBEDX_PRELOAD's, kept loaded (FOREVER)
@@ -70,12 +80,14 @@ class ModelRegistry:
     # -- leases --------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: str, request: LoadRequest | None = None) -> AsyncIterator[Engine]:
-        """The model's engine, loaded if need be, held (not evicted) until the block exits."""
+    async def lease(
+        self, name: str, request: LoadRequest | None = None
+    ) -> AsyncIterator[NamedEngine]:
+        """The model's engine under its name, loaded if need be, held (not evicted) until the
+        block exits."""
         resident = await self._acquire(name, request or LoadRequest())
         try:
-            assert resident.engine is not None
-            yield resident.engine
+            yield resident.named
         finally:
             self._release(resident)
 
@@ -89,26 +101,18 @@ class ModelRegistry:
             if directory is not None:
                 spec = spec.with_overrides(name=name, source=str(directory))
             unpooled = spec.pooling is None and request.task == "embed"
-            if unpooled or len(self._models) >= self.settings.max_loaded_models:
+            full = (
+                weights_key(spec) not in self._weights
+                and len(self._weights) >= self.settings.max_loaded_models
+            )
+            if unpooled or full:
                 # A name that leads nowhere (a typo, an OpenAI model's) is a 404: not a request
                 # to state how a model that does not exist pools, nor a reason to evict one
                 # that does. (Below the cap nothing is evicted: its load finds out, and the
                 # first requests are not held up by a lookup.)
                 found = await asyncio.to_thread(self.names.look_up, asked, spec)
                 if unpooled:
-                    hint = self.names.did_you_mean(asked)
-                    unchecked = (
-                        ""
-                        if found
-                        else " (the Hugging Face hub could not be reached to check that it "
-                        "exists; with HF_HUB_OFFLINE=1 a name found nowhere is a 404)"
-                    )
-                    raise PoolingRequired(
-                        f"model {asked!r} is not loaded and its pooling is unknown{unchecked}: "
-                        "send pooling (cls, mean or last_token) with the first request, or add "
-                        f"it to the catalog. embedx never guesses pooling{hint}",
-                        param="pooling",
-                    )
+                    raise self.names.pooling_required(asked, found)
                 if self._closing:
                     raise ShuttingDown("the server is shutting down")
             if name not in self._models:  # no other request started it while this one looked
@@ -122,7 +126,7 @@ class ModelRegistry:
         if resident.engine is not None and not resident.engine.serving:
             # Every device of it failed. Its requests in flight fail anyway, and the fault
             # may have passed: it loads again, as it was (its pooling and length kept).
-            self._evict(resident, "every device of it is quarantined")
+            self._evict_weights(resident.weights, "every device of it is quarantined")
             resident = self._reserve(resident.spec)
         resident.users += 1
         resident.stop_timer()
@@ -146,40 +150,43 @@ class ModelRegistry:
         return resident
 
     def _reserve(self, spec: ModelSpec) -> Resident:
-        """Take a residency slot (evicting the least recently used idle model if the cap is
-        reached) and start loading once the engines closing have freed their memory.
-        The slot is taken before any await, so concurrent cold loads never exceed the cap."""
-        if len(self._models) >= self.settings.max_loaded_models:
-            victim = least_recently_used(self._models.values())
-            if victim is None:
-                raise no_room(list(self._models.values()))
-            self._evict(victim, "to make room")
+        """The name over the copy of weights its spec loads: a resident one is shared; else a
+        slot is taken (before any await: concurrent cold loads never pass the cap), evicting
+        the least recently used idle copy at the cap, and the load starts."""
+        key = weights_key(spec)
+        weights = self._weights.get(key)
+        if weights is None:
+            if len(self._weights) >= self.settings.max_loaded_models:
+                victim = least_recently_used(self._weights.values())
+                if victim is None:
+                    raise no_room(list(self._weights.values()))
+                self._evict_weights(victim, "to make room")
+            weights = self._weights[key] = Weights(key)
+            weights.task = asyncio.create_task(self._load(weights, spec), name=f"load-{spec.name}")
         keep_alive = spec.keep_alive_s
         if self._kept_loaded(spec.name):
             keep_alive = FOREVER  # whatever keep_alive the request that reloads it sends
         elif keep_alive is None:
             keep_alive = self.settings.default_keep_alive_s
-        resident = Resident(spec, keep_alive, self.clock())
-        self._models[spec.name] = resident
-        resident.task = asyncio.create_task(self._load(resident), name=f"load-{spec.name}")
-        return resident
+        return self._residency.join(spec, weights, keep_alive, self.clock())
 
-    async def _load(self, resident: Resident) -> Engine:
-        spec = resident.spec
+    async def _load(self, weights: Weights, spec: ModelSpec) -> Engine:
+        """Load the copy of weights `spec` names, for every name that shares it meanwhile."""
         try:
             # Their memory must be free before this model takes it: one evicted to make room,
             # or unloaded a moment ago (keep_alive 0, idle) and now asked for again.
             await asyncio.gather(*self._unloading, return_exceptions=True)
-            engine = await self.loads.open(spec, lambda: self._make_room(resident))
+            engine = await self.loads.open(spec, lambda: self._make_room(weights, spec.name))
         except BaseException as exc:
-            if self._models.get(spec.name) is resident:
-                del self._models[spec.name]
+            self._residency.failed(weights)
             if isinstance(exc, EmbedxError):
-                self._load_failed(spec.name, exc)
+                for name in weights.names:
+                    self._load_failed(name, exc)
             raise
-        self._failing.pop(spec.name, None)
-        resident.engine = engine
-        self._settle_unused(resident)  # every request that waited for it may have left
+        weights.engine = engine
+        for resident in list(weights.names.values()):
+            self._failing.pop(resident.spec.name, None)
+            self._settle_unused(resident)  # every request that waited for it may have left
         return engine
 
     def _load_failed(self, name: str, error: EmbedxError) -> None:
@@ -192,13 +199,13 @@ class ModelRegistry:
             self._failing[name] = error.message
             self._load_again_later(name)
 
-    async def _make_room(self, loading: Resident) -> bool:
-        """Unload the least recently used idle model (not a preloaded one), for a model that
-        fits on no device beside what is loaded; False if there is none."""
-        victim = least_recently_used(self._models.values(), sparing=loading)
+    async def _make_room(self, loading: Weights, name: str) -> bool:
+        """Unload the least recently used idle copy of weights (no preloaded model's), for the
+        model `name` that fits on no device beside what is loaded; False if there is none."""
+        victim = least_recently_used(self._weights.values(), sparing=loading)
         if victim is None:
             return False
-        self._evict(victim, f"to make room for {loading.spec.name}")
+        self._evict_weights(victim, f"to make room for {name}")
         await asyncio.gather(*self._unloading, return_exceptions=True)
         return True
 
@@ -215,8 +222,10 @@ class ModelRegistry:
         if self._models.get(resident.spec.name) is not resident:
             return
         if not resident.engine.serving:  # a device fault may pass: it loads again
-            self._evict(resident, "every device of it is quarantined")
-            self._load_again(resident.spec.name)  # now if the server keeps it, else when asked
+            names = list(resident.weights.names)
+            self._evict_weights(resident.weights, "every device of it is quarantined")
+            for name in names:  # now if the server keeps it, else when asked
+                self._load_again(name)
         elif resident.keep_alive_s <= 0:
             self._evict(resident, "keep_alive is 0")
         elif resident.keep_alive_s != FOREVER:
@@ -251,19 +260,26 @@ class ModelRegistry:
             self._evict(resident, f"idle for {resident.keep_alive_s:.0f} s")
 
     def _evict(self, resident: Resident, why: str) -> None:
-        """Forget the model now; its engine closes in the background (`_unloading`)."""
-        del self._models[resident.spec.name]
-        resident.stop_timer()
+        """Forget the name now, and its weights unless another name shares them: their engine
+        closes in the background (`_unloading`)."""
+        name = resident.spec.name
         self.evictions += 1
         # a model that lost every device is an outage: seen at the warning level too
         level = logging.INFO if resident.engine and resident.engine.serving else logging.WARNING
-        log.log(level, "unloading %s (%s)", resident.spec.name, why)
-        engine = resident.engine
-        resident.engine = None
-        assert engine is not None
-        task = asyncio.create_task(engine.close(), name=f"unload-{resident.spec.name}")
+        engine = self._residency.leave(resident)
+        if engine is None:
+            shared = ", ".join(resident.weights.names)
+            log.log(level, "unloading %s (%s); its weights stay, for %s", name, why, shared)
+            return
+        log.log(level, "unloading %s (%s)", name, why)
+        task = asyncio.create_task(engine.close(), name=f"unload-{name}")
         self._unloading.add(task)
         task.add_done_callback(self._unloaded)
+
+    def _evict_weights(self, weights: Weights, why: str) -> None:
+        """Forget a copy of weights and every name over it."""
+        for resident in list(weights.names.values()):
+            self._evict(resident, why)
 
     def _unloaded(self, task: asyncio.Task[None]) -> None:
         self._unloading.discard(task)
@@ -285,16 +301,14 @@ class ModelRegistry:
     async def drain(self, timeout_s: float) -> None:
         """Refuse new leases, let work in flight finish (bounded), unload everything."""
         self._closing = True
-        residents = list(self._models.values())
-        self._models.clear()
-        for resident in residents:
-            resident.stop_timer()
-            if resident.task is not None and not resident.task.done():
-                resident.task.cancel()
+        copies = self._residency.clear()
+        for weights in copies:
+            if weights.task is not None and not weights.task.done():
+                weights.task.cancel()
         await asyncio.gather(
-            *(r.task for r in residents if r.task is not None), return_exceptions=True
+            *(w.task for w in copies if w.task is not None), return_exceptions=True
         )
-        engines = [r.engine for r in residents if r.engine is not None]
+        engines = [w.engine for w in copies if w.engine is not None]
         await asyncio.gather(*(e.drain(timeout_s) for e in engines), *self._unloading)
 
     # -- reporting -----------------------------------------------------------------------
@@ -309,8 +323,9 @@ class ModelRegistry:
 
     def report(self) -> RegistryReport:
         """The registry's figures, and each loaded model's, for /metrics."""
-        models = self._models.values()
-        return report.registry_report(models, self.loads, self.evictions, len(self._failing))
+        models, copies = self._models.values(), self._weights.values()
+        failing = len(self._failing)
+        return report.registry_report(models, copies, self.loads, self.evictions, failing)
 
     def failing(self) -> list[str]:
         """Models kept for the server's life whose last load failed: until each loads again,

@@ -138,6 +138,13 @@ class ServerCollector(Collector):
             "embedx_models_loaded", "gauge", "Models resident or loading.", registry.models
         )
         yield _single(
+            "embedx_model_weights_loaded",
+            "gauge",
+            "Copies of weights resident or loading, which models over one source share "
+            "(what EMBEDX_MAX_LOADED_MODELS counts).",
+            registry.weights,
+        )
+        yield _single(
             "embedx_model_load_seconds",
             "histogram",
             "Time to load a model, smoke test included.",
