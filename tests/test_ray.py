@@ -3,6 +3,9 @@ back in order with the library's vectors; a batch's columns kept, its format che
 
 from __future__ import annotations
 
+import ast
+import inspect
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,3 +117,23 @@ def test_a_batch_without_the_text_column_is_named_and_a_pandas_one_pointed_to_py
 
     with pytest.raises(TypeError, match="batch_format='pyarrow'"):
         batches(pd.DataFrame({"text": ["a text"]}))
+
+
+def test_the_documented_script_parses_and_the_page_names_every_parameter() -> None:
+    page = (Path(__file__).parent.parent / "docs" / "ray.md").read_text()
+    (script,) = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)
+    tree = ast.parse(script)
+    taken = inspect.signature(EmbedBatches).parameters
+    (given,) = [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.keyword) and n.arg == "fn_constructor_kwargs"
+    ]
+    assert isinstance(given, ast.Dict)
+    assert {ast.literal_eval(k) for k in given.keys if k is not None} <= set(taken)
+    assert 'batch_format="pyarrow"' in script
+    for name, parameter in taken.items():
+        if parameter.kind is parameter.KEYWORD_ONLY:
+            default = parameter.default
+            shown = f'"{default}"' if isinstance(default, str) else repr(default)
+            assert f"{name}={shown}" in page, name
