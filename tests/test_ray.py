@@ -108,6 +108,22 @@ def test_an_empty_batch_gets_no_vectors_of_the_model_width(batches: EmbedBatches
     assert out.schema.field("embedding").type == pa.list_(pa.float32(), 384)
 
 
+def test_dimensions_cut_the_vectors_and_set_the_column_width(minilm_dir: Path) -> None:
+    texts = texts_of("lee50")[:3]
+    cut = EmbedBatches(
+        minilm_dir, pooling="mean", dimensions=128, output_column="v", settings=settings_of()
+    )
+    try:
+        out = cut(pa.table({"text": texts}))
+        empty = cut(pa.table({"text": pa.array([], pa.string())}))
+        expected = cut.embedder.embed(texts, dimensions=128)
+    finally:
+        cut.close()
+    assert out.schema.field("v").type == pa.list_(pa.float32(), 128)
+    assert empty.schema.field("v").type == pa.list_(pa.float32(), 128)
+    assert np.array_equal(np.stack(out.column("v").to_numpy(zero_copy_only=False)), expected)
+
+
 def test_a_batch_without_the_text_column_is_named_and_a_pandas_one_pointed_to_pyarrow(
     batches: EmbedBatches,
 ) -> None:
