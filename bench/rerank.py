@@ -227,14 +227,18 @@ def run_server(
 
 
 def run_infinity(
-    directory: Path, requests: list[tuple[str, list[str]]], tokens: int, args: argparse.Namespace
+    directory: Path,
+    requests: list[tuple[str, list[str]]],
+    tokens: int,
+    device: str,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     site = Path(args.infinity_site).resolve()
     env = {**os.environ, "PYTHONPATH": str(site), "INFINITY_ANONYMOUS_USAGE_STATS": "0",
            "DO_NOT_TRACK": "1"}  # fmt: skip
     port = args.port + 1
     command = [*args.server_cores, sys.executable, "-m", "infinity_emb.cli", "v2",
-               "--model-id", str(directory), "--engine", "torch", "--device", "cuda",
+               "--model-id", str(directory), "--engine", "torch", "--device", device,
                "--port", str(port)]  # fmt: skip
     server = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -321,7 +325,7 @@ def main() -> None:
                 crossed.pop("scores")
             measured("cross_encoder", crossed)
         if args.infinity_site:
-            measured("infinity", run_infinity(directory, peers, peer_tokens, args))
+            measured("infinity", run_infinity(directory, peers, peer_tokens, device, args))
     write_json(result, args.out)
 
 
