@@ -228,14 +228,9 @@ async def test_a_device_out_of_memory_empties_its_cache_once_its_replica_is_gone
         if replica.accelerator.info.key != "short":
             return await probe(replica, plan)
         models.append(weakref.ref(replica.model))
-
-        # The thread that built it lets go of it (its future's result) in its own time: with
-        # the future still holding it, nothing the engine does could free it.
-        def let_go() -> bool:
-            held_by = gc.get_referrers(replica.model)
-            return not any(isinstance(r, Future | asyncio.Future) for r in held_by)
-
-        await eventually_async(let_go)
+        # no future of the thread that built it holds it still: nothing could free it then
+        held_by = gc.get_referrers(replica.model)
+        assert not any(isinstance(r, Future | asyncio.Future) for r in held_by)
         raise oom("CUDA out of memory (injected, in a probe batch)")
 
     def emptied(self: CpuAccelerator) -> None:  # where CudaAccelerator empties its cache

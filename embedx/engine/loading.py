@@ -113,7 +113,7 @@ async def place(
     # inside `except`, the traceback still holds the frames with the weights and batches.
     model: ReplicaModel | None = None
     try:
-        model = await asyncio.to_thread(build, accelerator.device, dtype)
+        model = await _built(build, accelerator.device, dtype)
     except Exception as exc:
         if not accelerator.is_out_of_memory(exc):
             raise unbuildable(spec.name, exc) from exc
@@ -135,6 +135,17 @@ async def place(
         await _release(accelerator)
         return "out of memory running a probe batch beside the weights"
     return Placed(replica, dtype, probed)
+
+
+async def _built(
+    build: Callable[[torch.device, str], ReplicaModel], device: torch.device, dtype: str
+) -> ReplicaModel:
+    """`build(device, dtype)` on a worker thread, handed over in a box: the thread's future
+    would hold the model as its result until the thread lets go of it, in its own time, and a
+    cache emptied while it does frees nothing."""
+    box: list[ReplicaModel] = []
+    await asyncio.to_thread(lambda: box.append(build(device, dtype)))
+    return box.pop()
 
 
 async def _release(accelerator: Accelerator) -> None:
