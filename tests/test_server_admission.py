@@ -20,7 +20,7 @@ from embedx.server.admission import Admission, ByteBudget
 from tests.support.fakes import cpu_info
 from tests.support.models import MINILM_NAME
 from tests.support.server import assert_envelope, in_process
-from tests.support.waiting import next_turn
+from tests.support.waiting import PATIENCE_S, next_turn
 
 pytestmark = pytest.mark.anyio
 
@@ -91,14 +91,16 @@ async def test_requests_waiting_for_a_load_hold_no_slot_that_a_loaded_model_need
     limits = {"max_concurrent_requests": "1", "request_queue_timeout_s": "5", "preload": "warm"}
     settings = load_settings(limits, environ={})
     catalog = load_catalog(None)
-    for name in ("warm", "cold"):
-        catalog[name] = ModelSpec(name=name, source=str(minilm_dir), pooling=Pooling.MEAN)
+    for name, length in (("warm", None), ("cold", 128)):  # cold: its own copy, to load
+        catalog[name] = ModelSpec(
+            name=name, source=str(minilm_dir), pooling=Pooling.MEAN, max_seq_len=length
+        )
     registry = ModelRegistry(settings, catalog, [cpu_info()], CpuAccelerator)
     async with in_process(registry=registry) as app:
         cold = asyncio.create_task(
             app.client.post("/v1/embeddings", json={"model": "cold", "input": "x"})
         )
-        await loading.wait()
+        await asyncio.wait_for(loading.wait(), PATIENCE_S)
         warm = await app.client.post("/v1/embeddings", json={"model": "warm", "input": "x"})
         assert warm.status_code == 200, warm.text  # not a 503 queue_timeout behind the load
         cold.cancel()
