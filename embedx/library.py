@@ -75,12 +75,12 @@ class LocalModel:
 
     def _call(self, work: Coroutine[Any, Any, T]) -> T:
         """Run `work` on the model's loop and wait for it."""
-        return self._open_loop().call(self._closing_is_an_error(work))
+        return self._loop_for(work).call(self._closing_is_an_error(work))
 
     async def _await(self, work: Coroutine[Any, Any, T]) -> T:
         """`_call` for async code: awaits the work on the model's loop, from any other loop.
         Cancelling it cancels the work (and drops its pending inputs)."""
-        loop = self._open_loop()
+        loop = self._loop_for(work)
         try:
             return await loop.wrap(self._closing_is_an_error(work))
         except asyncio.CancelledError:
@@ -106,6 +106,15 @@ class LocalModel:
                 loop.call(engine.close())
         finally:
             loop.stop()
+
+    def _loop_for(self, work: Coroutine[Any, Any, Any]) -> LoopThread:
+        """The open loop that will run `work`; where there is none, `work` is closed unrun (a
+        coroutine never awaited is a warning) and the error raised."""
+        try:
+            return self._open_loop()
+        except RuntimeError:
+            work.close()
+            raise
 
     def _open_loop(self) -> LoopThread:
         kind = type(self).__name__

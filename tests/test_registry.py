@@ -79,6 +79,7 @@ def test_the_library_names_a_missing_model_and_a_missing_pooling(minilm_dir: Pat
         Embedder(str(minilm_dir))
 
 
+@pytest.mark.filterwarnings("error")  # and leaves no coroutine unawaited behind
 def test_a_closed_embedder_says_so(minilm_dir: Path) -> None:
     from embedx import Embedder
 
