@@ -255,6 +255,16 @@ def embed_request(
     )
 
 
+def within_items(items: list[Any], param: str, max_items: int, noun: str = "items") -> None:
+    """TooManyItems where a request's `param` holds more than EMBEDX_MAX_REQUEST_ITEMS."""
+    if len(items) > max_items:
+        raise TooManyItems(
+            f"`{param}` has {len(items)} {noun}; at most {max_items} are allowed per request "
+            "(EMBEDX_MAX_REQUEST_ITEMS): split it",
+            param=param,
+        )
+
+
 def read_texts(data: dict[str, Any], family: Family, max_items: int) -> list[str]:
     """The family's texts: a string, or a list of at most `max_items` strings, none empty."""
     return _texts(data.get(family.texts), family.texts, max_items)
@@ -268,12 +278,7 @@ def _texts(value: Any, param: str, max_items: int) -> list[str]:
         raise InvalidInput(f"`{param}` must be a string or a list of strings", param=param)
     if not texts:
         raise EmptyInput(f"`{param}` is empty: send at least one text", param=param)
-    if len(texts) > max_items:
-        raise TooManyItems(
-            f"`{param}` has {len(texts)} items; at most {max_items} are allowed per request "
-            "(EMBEDX_MAX_REQUEST_ITEMS): split it",
-            param=param,
-        )
+    within_items(texts, param, max_items)
     if plain_texts(texts):
         return texts
     if all(_token_ids(item) for item in texts):

@@ -12,13 +12,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from embedx.errors import EmptyInput, InvalidInput, InvalidOption, TooManyItems
+from embedx.errors import EmptyInput, InvalidInput, InvalidOption
 from embedx.registry import LoadRequest
 from embedx.server.protocol.family import (
     CONTROL,
     MAX_MODEL_NAME,
     checked_model_name,
     json_object,
+    within_items,
 )
 from embedx.server.protocol.fields import Choice, Flag, Integer, Option
 from embedx.server.protocol.schema import Described, operation
@@ -187,12 +188,7 @@ def _items(data: dict[str, Any], key: str, max_items: int, single_ok: bool = Fal
         raise InvalidInput(f"`{key}` must be a list", param=key)
     if not value:
         raise EmptyInput(f"`{key}` is empty: send at least one", param=key)
-    if len(value) > max_items:
-        raise TooManyItems(
-            f"`{key}` has {len(value)} items; at most {max_items} are allowed per request "
-            "(EMBEDX_MAX_REQUEST_ITEMS): split it",
-            param=key,
-        )
+    within_items(value, key, max_items)
     return value
 
 

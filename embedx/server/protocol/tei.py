@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from embedx.config import Settings
-from embedx.errors import EmptyInput, InvalidInput, TooManyItems
+from embedx.errors import EmptyInput, InvalidInput
 from embedx.server.protocol.family import (
     PROMPT_NAME,
     PROMPT_NOTE,
@@ -21,6 +21,7 @@ from embedx.server.protocol.family import (
     read_options,
     read_texts,
     request_schema,
+    within_items,
 )
 from embedx.server.protocol.fields import Choice, Flag
 from embedx.server.protocol.schema import EMBEDDING, EXAMPLE_MODEL, Described, embedding, operation
@@ -133,12 +134,7 @@ def _ids(value: Any, max_items: int) -> list[list[int]]:
     if not value:
         raise EmptyInput("`ids` is empty: send at least one token id", param="ids")
     rows = value if isinstance(value[0], list) else [value]
-    if len(rows) > max_items:
-        raise TooManyItems(
-            f"`ids` has {len(rows)} lists; at most {max_items} are allowed per request "
-            "(EMBEDX_MAX_REQUEST_ITEMS): split it",
-            param="ids",
-        )
+    within_items(rows, "ids", max_items, noun="lists")
     return [_row(row, i) for i, row in enumerate(rows)]
 
 
