@@ -347,6 +347,28 @@ async def all_ids(tokenizer: TextTokenizer, texts: list[str]) -> list[list[int]]
 
 
 @pytest.mark.anyio
+async def test_a_small_request_is_tokenized_on_the_loop_with_the_same_ids(
+    minilm_dir: Path, reference_texts: list[str]
+) -> None:
+    tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
+    small = reference_texts[:3]
+    assert sum(map(len, small)) <= tokenizer_module.INLINE_CHARS
+    try:
+        assert await all_ids(tokenizer, small) == [e.ids for e in encode_all(minilm_dir, small)]
+        assert tokenizer._thread is None  # no hand-off: the thread was never started
+        assert tokenizer.calls == 1  # counted for /info all the same
+    finally:
+        tokenizer.close()
+    short = TextTokenizer(resolve(str(minilm_dir)), 8)
+    with pytest.raises(InputTooLong, match="input 0 is longer than this model's 8 tokens"):
+        async for _ in short.encode_chunks(
+            ["one two three four five six seven eight nine"], truncate=False
+        ):
+            pass
+    assert short._thread is None
+
+
+@pytest.mark.anyio
 async def test_concurrent_callers_share_tokenizer_calls_and_each_gets_its_own_ids(
     minilm_dir: Path, reference_texts: list[str]
 ) -> None:
@@ -408,11 +430,12 @@ async def test_a_tokenizer_thread_that_dies_of_a_bug_fails_its_callers_and_start
         return original()
 
     monkeypatch.setattr(tokenizer, "_next_call", next_call)
+    texts = reference_texts[:40]  # more than a small request, which the thread never sees
     try:
         with pytest.raises(RuntimeError, match="injected"):  # heard, not waited for forever
-            await asyncio.wait_for(all_ids(tokenizer, reference_texts[:10]), PATIENCE_S)
-        got = await asyncio.wait_for(all_ids(tokenizer, reference_texts[:10]), PATIENCE_S)
-        assert got == [e.ids for e in encode_all(minilm_dir, reference_texts[:10])]
+            await asyncio.wait_for(all_ids(tokenizer, texts), PATIENCE_S)
+        got = await asyncio.wait_for(all_ids(tokenizer, texts), PATIENCE_S)
+        assert got == [e.ids for e in encode_all(minilm_dir, texts)]
     finally:
         tokenizer.close()
 

@@ -1,6 +1,7 @@
 """Texts, or (query, document) pairs, to token ids with the model's fast tokenizer: truncation
 (counted), texts far longer than the model reads tokenized from a window of their start
-(windows.py), and batch encoding off the event loop on a thread of its own, one call at a time,
+(windows.py), and batch encoding off the event loop (but for small requests) on a thread of its
+own, one call at a time,
 shared (up to CALL_TEXTS inputs) by the requests that queue inputs while it runs; a second
 thread takes the ids out of each call while the next runs, so the loop gets arrays."""
 
@@ -49,6 +50,10 @@ CHUNKS_AHEAD = 2
 # a request's call took 194 ms to encode, median, and the tokenizer waited for texts 41% of
 # the time; bench/load.py).
 CALL_TEXTS = 2048
+# A request of at most this many characters is tokenized on the event loop: a few tens of
+# microseconds, less than handing it to the tokenizer's thread and back (two thread
+# wake-ups, and a turn behind whatever call that thread is making).
+INLINE_CHARS = 2048
 # Where a model without tokenizer.json keeps its vocabulary (transformers converts these).
 SLOW_TOKENIZER_FILES = ("vocab.txt", "vocab.json", "*.model")
 
@@ -122,6 +127,9 @@ class TextTokenizer:
         """Encode in chunks without blocking the event loop, yielding (first index, chunk) in
         order; the next chunks encode on the tokenizer's threads while the caller handles
         this one. With `truncate` off, an over-long text is an InputTooLong error naming it."""
+        if _fits_inline(texts):
+            yield 0, self.encode_now(texts, truncate=truncate)
+            return
         bounds = chunk_bounds(len(texts))
         ahead: collections.deque[asyncio.Future[Encoded]] = collections.deque()
         following = iter(bounds)
@@ -319,7 +327,8 @@ class TextTokenizer:
             self._queued.notify()
 
     def encode_now(self, inputs: Sequence[Input], *, truncate: bool = True) -> Encoded:
-        """Blocking encode, for tests and bench/ (the engine encodes on its threads)."""
+        """Blocking encode: small requests' on the event loop (`encode_chunks`), tests' and
+        bench/'s."""
         encodings, unread = self._encode(list(inputs))
         return self._gather(encodings, truncate, 0, unread)
 
@@ -398,6 +407,16 @@ def _settle(future: asyncio.Future[Encoded], result: Encoded | BaseException) ->
         future.set_exception(result)
     else:
         future.set_result(result)
+
+
+def _fits_inline(inputs: Sequence[Input]) -> bool:
+    """Whether the inputs have at most INLINE_CHARS characters (counted until they pass it)."""
+    left = INLINE_CHARS
+    for item in inputs:
+        left -= len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
+        if left < 0:
+            return False
+    return True
 
 
 def chunk_bounds(count: int) -> list[tuple[int, int]]:
