@@ -219,9 +219,14 @@ def embedding_model(
     dtype: str,
     implementation: str = "auto",
 ) -> EmbeddingModel | SpladeModel:
-    """The replica an embedding task runs on: SPLADE's masked LM, or an encoder."""
+    """The replica an embedding task runs on: SPLADE's masked LM, an encoder with BGE-M3's
+    heads, or an encoder alone."""
     if task.splade is not None:
         from embedx.models.splade import SpladeModel
 
         return SpladeModel(files, task.splade, device, dtype, implementation)
+    if task.outputs != ("dense",):
+        from embedx.models.m3 import M3Model
+
+        return M3Model(files, pooling, device, dtype, implementation)
     return EmbeddingModel(files, pooling, device, dtype, implementation)

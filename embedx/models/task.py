@@ -101,7 +101,12 @@ def task_of(config: dict[str, Any], directory: Path) -> ModelTask:
                 f"the model is a sentence-transformers CrossEncoder of architecture "
                 f"{architecture}: embedx scores pairs only with *ForSequenceClassification models"
             )
-        return EMBEDDING
+        from embedx.models.m3 import found_heads  # BGE-M3's heads beside its weights
+
+        heads = found_heads(directory)
+        if heads is None:
+            return EMBEDDING
+        return ModelTask("embed", outputs=heads.outputs, unweighted=heads.unweighted)
     labels = _labels(config)
     path = saved.get("activation_fn") if saved is not None else None
     if path is None:

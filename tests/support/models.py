@@ -98,3 +98,26 @@ def build_tiny_splade(root: Path, texts: list[str]) -> dict[str, Path]:
         SparseEncoder(modules=[masked_lm, pooling], device="cpu").save(str(root / name))
         models[name] = root / name
     return models
+
+
+def build_tiny_m3(root: Path, texts: list[str]) -> Path:
+    """A tiny random model of BGE-M3's shape (XLM-R, a sentencepiece tokenizer trained on
+    `texts`) with random sparse_linear and colbert_linear heads, saved as FlagEmbedding saves
+    one: transformers' files, and each head's state as a torch pickle (.pt) beside them."""
+    import shutil
+
+    import torch
+
+    from embedx.models.random_init import build, build_unigram_tokenizer
+
+    build_unigram_tokenizer(root / "unigram", texts)
+    directory = root / "m3"
+    build("xlm-roberta-large", directory, root / "unigram", tiny=True)
+    for name in ("modules.json", "sentence_bert_config.json"):  # FlagEmbedding writes none
+        (directory / name).unlink()
+    shutil.rmtree(directory / "1_Pooling")
+    hidden = json.loads((directory / "config.json").read_text())["hidden_size"]
+    torch.manual_seed(0)
+    for name, width in (("colbert_linear", hidden), ("sparse_linear", 1)):
+        torch.save(torch.nn.Linear(hidden, width).state_dict(), directory / f"{name}.pt")
+    return directory
