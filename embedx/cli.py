@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     embed.add_argument("--pooling", dest="model_pooling")
     _add_job_flags(embed)
+    convert = commands.add_parser(
+        "convert-heads",
+        help="write BGE-M3's torch-pickle heads (sparse_linear.pt, colbert_linear.pt) in "
+        "DIRECTORY as safetensors beside them, once: embedx loads only safetensors",
+    )
+    convert.add_argument("directory")
     for command in (serve, info, check, embed):
         _add_setting_flags(command)
     return parser
@@ -261,6 +267,8 @@ def _embed_corpus(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "convert-heads":
+        return _convert_heads(args.directory)
     settings = _settings(args)
     if args.command == "info":
         return _info(settings, args.json)
@@ -277,6 +285,15 @@ def _run(args: argparse.Namespace) -> int:
               'pip install "embedx-inference[server]"', file=sys.stderr)  # fmt: skip
         return 1
     return serve(settings)
+
+
+def _convert_heads(directory: str) -> int:
+    """Read each .pt head with torch.load(weights_only=True): tensors only, no code run."""
+    from embedx.models.m3 import convert_heads
+
+    for written in convert_heads(Path(directory)):
+        print(f"wrote {written}")
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,9 +24,9 @@ from embedx.registry import ModelRegistry
 from embedx.server.app import create_app
 from embedx.server.openapi import openapi_spec
 from embedx.server.protocol.openai import parse_openai
-from embedx.server.protocol.tei import parse_tei
+from embedx.server.protocol.tei import EXAMPLE_SPARSE_MODEL, parse_tei, parse_tei_sparse
 from tests.support.fakes import cpu_info
-from tests.support.models import MINILM_NAME
+from tests.support.models import MINILM_NAME, build_tiny_splade
 
 KEY = "test-key"
 
@@ -135,6 +135,7 @@ def test_every_status_an_error_carries_is_documented() -> None:
 PARSERS: dict[str, Callable[[bytes], Any]] = {
     "/v1/embeddings": lambda body: parse_openai(body, 8),
     "/embed": lambda body: parse_tei(body, 8, None),  # a server with no default model
+    "/embed_sparse": lambda body: parse_tei_sparse(body, 8, None),
 }
 
 
@@ -208,12 +209,23 @@ def fuzz(app: Any, headers: dict[str, str]) -> tuple[int, list[str], dict[str, s
     return cases, failures, answered
 
 
+@pytest.fixture(scope="module")
+def splade(tmp_path_factory: pytest.TempPathFactory, reference_texts: list[str]) -> Path:
+    return build_tiny_splade(tmp_path_factory.mktemp("splade"), reference_texts)["max-relu"]
+
+
 @pytest.fixture
-def served_models(tmp_path: Path, tiny_classifiers: dict[str, Path]) -> dict[str, object]:
+def served_models(
+    tmp_path: Path, tiny_classifiers: dict[str, Path], splade: Path
+) -> dict[str, object]:
     """MiniLM and a reranker, preloaded: every operation's example can be answered, the
-    scoring ones' by the reranker, the server's scorer for requests that name none."""
+    scoring ones' by the reranker, the server's scorer for requests that name none; and a
+    SPLADE model under /embed_sparse's example's name, loaded by its first request."""
     models = tmp_path / "models.toml"
-    models.write_text(f'[models.reranker]\nsource = "{tiny_classifiers["bert-1"]}"\n')
+    models.write_text(
+        f'[models.reranker]\nsource = "{tiny_classifiers["bert-1"]}"\n'
+        f'[models."{EXAMPLE_SPARSE_MODEL}"]\nsource = "{splade}"\n'
+    )
     return {"models_file": str(models), "preload": f"{MINILM_NAME},reranker"}
 
 

@@ -9,6 +9,7 @@ from embedx.engine.options import (
     ScoreOptions,
     ScoreResult,
 )
+from embedx.engine.sparse_rows import SparseRow
 
 __all__ = [
     "EmbedOptions",
@@ -19,5 +20,6 @@ __all__ = [
     "NamedEngine",
     "ScoreOptions",
     "ScoreResult",
+    "SparseRow",
     "open_engine",
 ]

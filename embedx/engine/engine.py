@@ -25,10 +25,11 @@ from embedx.engine.options import (
     ScoreOptions,
     ScoreResult,
 )
-from embedx.engine.outputs import OutputSpec, RequestRows
+from embedx.engine.outputs import OutputSpec
 from embedx.engine.probe import ProbePlan
 from embedx.engine.replica import Replica, ReplicaModel
 from embedx.engine.report import EngineReport, report_of
+from embedx.engine.sparse_rows import settle_outputs
 from embedx.engine.texts import Prompts, checked_scored, checked_texts
 from embedx.engine.worker import DeviceWorker
 from embedx.errors import (
@@ -40,10 +41,10 @@ from embedx.errors import (
 )
 from embedx.models.catalog import ModelSpec
 from embedx.models.heads import ScoringModel
-from embedx.models.loader import EmbeddingModel
+from embedx.models.loader import embedding_model
 from embedx.models.pairs import reads_token_types
 from embedx.models.pooling import Pooling
-from embedx.models.task import ModelTask, task_of
+from embedx.models.task import ModelTask, task_of, with_pooling
 from embedx.models.tokenizer import Encoded, Input, TextTokenizer
 from embedx.scheduling import ConvergingQueue, Item, Job
 from embedx.telemetry import INPUT_TOKEN_BUCKETS, LATENCY_BUCKETS_S, Histogram
@@ -72,7 +73,8 @@ def _task(spec: ModelSpec, files: ModelFiles) -> tuple[ModelTask, bool]:
     """What the model is for, from its files, and whether its pairs carry token types: an
     embedding model must have its pooling stated (it is never guessed)."""
     try:
-        task = task_of(files.config, files.directory)
+        stated = spec.pooling.value if spec.pooling else None
+        task = with_pooling(task_of(files.config, files.directory), files.config, stated)
         token_types = task.kind == "score" and reads_token_types(files.config, files.directory)
     except Exception as exc:
         raise unbuildable(spec.name, exc) from exc
@@ -88,7 +90,7 @@ def _task(spec: ModelSpec, files: ModelFiles) -> tuple[ModelTask, bool]:
 
 def _check_task(engine: Engine, asked: str, name: str) -> None:
     """A request asks what the model is for (`asked`: embed, or score), by `name`."""
-    task = engine.task.kind
+    task = "embed" if engine.task.kind == "sparse" else engine.task.kind  # its rows: sparse_rows
     if task != asked:
         does = "scores (query, document) pairs" if task == "score" else "embeds texts"
         wanted = "scoring pairs" if asked == "score" else "embedding texts"
@@ -160,7 +162,7 @@ class Engine:
 
         Nothing stays resident if any step fails."""
         task, token_types = _task(spec, files)
-        pooling = spec.pooling if task.kind == "embed" else None
+        pooling = Pooling.SPLADE if task.splade else spec.pooling if task.kind == "embed" else None
         prompted = Prompts.of(spec, files, options.wrapping).wraps
         length = checked_length(spec, task, pooling, files, prompted)
         tokenizer = await open_tokenizer(
@@ -173,7 +175,7 @@ class Engine:
             if pooling is None:
                 return ScoringModel(files, device, dtype, spec.implementation,
                                     task=task, token_types=token_types)  # fmt: skip
-            return EmbeddingModel(files, pooling, device, dtype, spec.implementation)
+            return embedding_model(files, task, pooling, device, dtype, spec.implementation)
 
         try:
             for accelerator in accelerators:
@@ -270,6 +272,7 @@ class Engine:
             normalize=options.normalize,
             encodings=options.encodings,
             sink=options.sink,
+            multi=settle_outputs(self.task, prompts.model, options.outputs, options.top_k),
         )
         texts = prompts.wrap(texts, options.input_type, options.instruction)
         return await self._run(texts, spec, options.truncate, options.token_counts)
@@ -301,7 +304,7 @@ class Engine:
         started = time.monotonic()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         job = Job(len(inputs), future=done)
-        rows = job.out = RequestRows(spec, len(inputs))
+        rows = job.out = spec.rows(len(inputs))
         self._jobs_in_flight += 1
         self._idle.clear()
         try:
@@ -323,7 +326,8 @@ class Engine:
         now = time.monotonic()
         self.latency.observe(now - started)
         first = next(iter(parts.values()))
-        return EmbedResult(first, job.tokens, truncated, submitted - started, now - started, parts)
+        return EmbedResult(first, job.tokens, truncated, submitted - started, now - started, parts,
+                           **rows.extras())  # fmt: skip
 
     async def _tokenize_into(
         self, job: Job, texts: Sequence[Input], truncate: bool, counts: Counts
@@ -411,7 +415,9 @@ async def _smoke_test(engine: Engine) -> None:
         if engine.task.kind == "score":
             vectors = (await engine.score([(SMOKE_TEXT, SMOKE_TEXT)])).scores
         else:
-            vectors = (await engine.embed([SMOKE_TEXT], EmbedOptions(normalize=False))).vectors
+            options = EmbedOptions(normalize=False, outputs=engine.task.outputs[:1])
+            result = await engine.embed([SMOKE_TEXT], options)
+            vectors = result.sparse[0].values[None] if result.sparse else result.vectors
     except Exception as exc:
         raise SmokeTestFailed(f"model {engine.spec.name!r} failed its smoke test: {exc}") from exc
     finally:  # no one's request: the counts of requests and their latency start after

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from embedx.engine.outputs import FLOAT, RowSink
+from embedx.engine.sparse_rows import DENSE, SparseRow
 from embedx.models.catalog import check_template
 
 if TYPE_CHECKING:
@@ -28,6 +29,8 @@ class EmbedOptions:
     sink: RowSink | None = None  # with base64 alone: where the rows go (outputs.RowSink)
     instruction: str | None = None  # fills the prompt's {instruction} slot; None: its default
     token_counts: np.ndarray | None = None  # (N,) ints: each text's tokens are written here
+    outputs: tuple[str, ...] = DENSE  # sparse_rows.OUTPUTS: dense, sparse, colbert
+    top_k: int | None = None  # a sparse row keeps its k largest weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,8 @@ class EmbedResult:
     tokenize_s: float  # tokenizing and submitting (devices start on the first chunk meanwhile)
     total_s: float  # from the call to the vectors
     encoded: dict[str, np.ndarray] = field(default_factory=dict)  # each encoding's rows
+    sparse: list[SparseRow] | None = None  # each text's sparse row, where asked
+    colbert: list[np.ndarray] | None = None  # each text's (tokens - 1, C) ColBERT vectors
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from embedx.engine import base64_rows, quantized_rows
+from embedx.engine import base64_rows, quantized_rows, sparse_rows
 from embedx.errors import InvalidOption, UnsupportedDimensions
 from embedx.models.task import Activation, activate
 from embedx.scheduling import Item, Job
@@ -70,10 +70,12 @@ FLOAT = ("float",)
 class RowForm:
     """What a device makes of a batch's rows before they come back: L2-normalized (`unit`),
     then given in `encodings` (`ENCODINGS`' names, in its order): float32 rows as they are,
-    any other as each row's bytes, every encoding's side by side."""
+    any other as each row's bytes, every encoding's side by side. With `outputs` beyond dense
+    rows, a flat block of them, left raw (engine/sparse_rows.py)."""
 
     unit: bool = False
     encodings: tuple[str, ...] = FLOAT
+    outputs: tuple[str, ...] = sparse_rows.DENSE
 
     @property
     def encoded(self) -> bool:
@@ -127,6 +129,13 @@ class OutputSpec:
     sink: RowSink | None = None  # where encoded rows go; None: a new array
     # a scorer's logits to scores (models/task.py), over all of a request's rows at once
     activation: Activation = "identity"
+    multi: sparse_rows.MultiSpec | None = None  # what it asks beyond dense rows
+
+    def rows(self, count: int) -> RequestRows | sparse_rows.MultiRows:
+        """Where the request's `count` rows are written as batches finish."""
+        if self.multi is not None:
+            return sparse_rows.MultiRows(self, self.multi, count)
+        return RequestRows(self, count)
 
     @property
     def cut(self) -> bool:
@@ -136,6 +145,8 @@ class OutputSpec:
     def form(self) -> RowForm:
         """What the device makes of this request's rows: finished ones at full width; raw
         ones to be cut, which are normalized and encoded on the host after the cut."""
+        if self.multi is not None:
+            return RowForm(outputs=self.multi.outputs)
         if self.cut:
             return FLOATS
         return RowForm(unit=self.normalize or self.model_normalizes, encodings=self.encodings)
@@ -150,9 +161,14 @@ def settle(
     normalize: bool | None,
     encodings: Sequence[str] = FLOAT,
     sink: RowSink | None = None,
+    multi: sparse_rows.MultiSpec | None = None,
 ) -> OutputSpec:
     """A request's output: `normalize` None takes the server's default."""
     check_dimensions(dimensions, width)
+    if multi is not None and tuple(encodings) != FLOAT:
+        raise InvalidOption(
+            "sparse rows and ColBERT vectors come with float dense rows only", param="encodings"
+        )
     return OutputSpec(
         width=width,
         dimensions=width if dimensions is None else dimensions,
@@ -160,6 +176,7 @@ def settle(
         model_normalizes=model_normalizes,
         encodings=checked_encodings(encodings),
         sink=sink,
+        multi=multi,
     )
 
 
@@ -224,6 +241,10 @@ class RequestRows:
             rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
         self.array[indices] = encode_on_host(rows, wanted.encodings) if wanted.encoded else rows
 
+    def extras(self) -> dict[str, Any]:
+        """What the request gets beside its rows: nothing (sparse_rows.MultiRows' do)."""
+        return {}
+
     def finished(self) -> np.ndarray:
         """The request's rows once all are written: cut to its width, then normalized and
         encoded, where that could not be done batch by batch; a scorer's, activated. Floats,
@@ -259,9 +280,12 @@ def _normalize(vectors: np.ndarray) -> None:
     vectors /= norms
 
 
-def rows_of(job: Job) -> RequestRows | None:
+Rows = RequestRows | sparse_rows.MultiRows
+
+
+def rows_of(job: Job) -> Rows | None:
     """Where a job's rows go; None once it is cancelled (the queue lets its rows go)."""
-    return cast("RequestRows | None", job.out)
+    return cast("Rows | None", job.out)
 
 
 def sole_job(items: Sequence[Item]) -> Job | None:
@@ -279,12 +303,18 @@ def batch_form(items: Sequence[Item], sole: Job | None) -> RowForm:
     forms = {rows.spec.form for job in {item.job for item in items} if (rows := rows_of(job))}
     if len(forms) == 1:
         return forms.pop()
+    wanted = {output for form in forms for output in form.outputs}
+    if wanted != {"dense"}:  # every request's outputs in one block
+        return RowForm(outputs=tuple(o for o in sparse_rows.OUTPUTS if o in wanted))
     return RowForm(unit=bool(forms) and all(form.unit for form in forms))
 
 
 def write_batch(items: Sequence[Item], sole: Job | None, rows: np.ndarray, form: RowForm) -> None:
     """Write a finished batch's rows into its live requests' rows; `sole` is the one request
     of all its items, if there is one (`sole_job`)."""
+    if form.outputs != sparse_rows.DENSE:
+        _write_block(items, rows, form)
+        return
     if sole is not None:
         out = rows_of(sole)
         if out is not None:
@@ -295,9 +325,26 @@ def write_batch(items: Sequence[Item], sole: Job | None, rows: np.ndarray, form:
         out.write(indices, rows[picked], form)
 
 
-def _by_request(items: Sequence[Item]) -> list[tuple[RequestRows, np.ndarray, np.ndarray]]:
+def _write_block(items: Sequence[Item], block: np.ndarray, form: RowForm) -> None:
+    """A batch's block of several outputs read into its live requests' rows; one that wants
+    dense rows alone takes them as raw floats."""
+    requests = _by_request(items)
+    multi = next((out.multi for out, _, _ in requests if isinstance(out, sparse_rows.MultiRows)),
+                 None)  # fmt: skip
+    if multi is None:
+        return  # every request that asked beyond dense rows is gone
+    width = requests[0][0].spec.width
+    parts = sparse_rows.Block(items, block, form.outputs, width, multi.vocab_rows)
+    for out, indices, picked in requests:
+        if isinstance(out, sparse_rows.MultiRows):
+            out.write_block(parts, indices, picked)
+        else:
+            out.write(indices, parts.dense[picked], FLOATS)
+
+
+def _by_request(items: Sequence[Item]) -> list[tuple[Rows, np.ndarray, np.ndarray]]:
     """The live requests of a mixed batch, each with its items' indices and their rows."""
-    grouped: dict[int, tuple[RequestRows, list[int], list[int]]] = {}
+    grouped: dict[int, tuple[Rows, list[int], list[int]]] = {}
     for row, item in enumerate(items):
         out = rows_of(item.job)
         if out is None:
@@ -317,7 +364,7 @@ def finish_on_device(rows: torch.Tensor, form: RowForm) -> torch.Tensor:
     import torch
     import torch.nn.functional as F
 
-    if form.unit:
+    if form.unit:  # never with outputs beyond dense rows: their block is left raw
         rows = F.normalize(rows, dim=1, eps=1e-12)
     if not form.encoded:
         return rows

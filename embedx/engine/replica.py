@@ -4,7 +4,7 @@ there."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -31,6 +31,16 @@ class ReplicaModel(Protocol):
         ...
 
 
+@runtime_checkable
+class ManyOutputs(Protocol):
+    """A model that gives more than dense rows: SPLADE's (models/splade.py), BGE-M3's
+    (models/m3.py)."""
+
+    def forward_outputs(self, batch: PackedBatch, outputs: tuple[str, ...]) -> torch.Tensor:
+        """(N, W) float32: the batch's `outputs`, flat, as engine/sparse_rows.py reads them."""
+        ...
+
+
 class Replica:
     """A model on one device, with pinned staging memory for each batch it keeps in flight."""
 
@@ -51,7 +61,11 @@ class Replica:
         """Enqueue one batch (on the accelerator's stream): its rows, made into `form` there,
         land in host memory."""
         batch = to_device(host, self.accelerator.device)
-        rows = finish_on_device(self.model.forward(batch), form)  # (B, D) float32 in
+        if form.outputs == FLOATS.outputs:
+            rows = finish_on_device(self.model.forward(batch), form)  # (B, D) float32 in
+        else:  # a block of several outputs (engine/sparse_rows.py), left raw
+            assert isinstance(self.model, ManyOutputs), "outputs asked of a dense model: a bug"
+            rows = self.model.forward_outputs(batch, form.outputs)
         if not self.staging:
             return rows
         out = self.staging[slot].output(len(rows), rows.shape[1], rows.dtype)

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
     from embedx.devices import DeviceInfo
     from embedx.models.packing import PackedBatch
+    from embedx.models.splade import SpladeModel
+    from embedx.models.task import ModelTask
 
 log = logging.getLogger("embedx.loader")
 
@@ -171,6 +173,7 @@ class EmbeddingModel:
             pooling is Pooling.CLS and not self.encoder.causal
         )
         self.bucket_pooled_rows = device.type == "cuda"  # see `bucketed`
+        self.hidden = hidden  # the encoder's width, before any Dense layer
         self.dense = [self._load_dense(layer.weights, layer.activation) for layer in files.dense]
         self.dimensions = int(self.dense[-1].weight.shape[0]) if self.dense else hidden
 
@@ -206,3 +209,24 @@ class EmbeddingModel:
             for layer in self.dense:
                 vectors = ACTIVATIONS[layer.activation](F.linear(vectors, layer.weight, layer.bias))
             return vectors
+
+
+def embedding_model(
+    files: ModelFiles,
+    task: ModelTask,
+    pooling: Pooling,
+    device: torch.device,
+    dtype: str,
+    implementation: str = "auto",
+) -> EmbeddingModel | SpladeModel:
+    """The replica an embedding task runs on: SPLADE's masked LM, an encoder with BGE-M3's
+    heads, or an encoder alone."""
+    if task.splade is not None:
+        from embedx.models.splade import SpladeModel
+
+        return SpladeModel(files, task.splade, device, dtype, implementation)
+    if task.outputs != ("dense",):
+        from embedx.models.m3 import M3Model
+
+        return M3Model(files, pooling, device, dtype, implementation)
+    return EmbeddingModel(files, pooling, device, dtype, implementation)

@@ -1,4 +1,5 @@
-"""Pooling of token states into one vector per text."""
+"""Pooling of token states into one vector per text (SPLADE's over vocabulary logits is
+`models/splade.py`'s)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class Pooling(enum.Enum):
     CLS = "cls"
     MEAN = "mean"
     LAST_TOKEN = "last_token"
+    SPLADE = "splade"  # a masked LM's logits, max-pooled into one vocabulary-wide sparse row
 
     @classmethod
     def parse(cls, value: str, *, param: str = "pooling") -> Pooling:

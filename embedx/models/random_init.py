@@ -85,6 +85,33 @@ def build_classifier(
           unit_scale=CLASSIFIER_UNIT_SCALE)  # fmt: skip
 
 
+def build_masked_lm(
+    shape: str,
+    directory: Path,
+    tokenizer_from: Path,
+    *,
+    tiny: bool = False,
+    device: str = "cpu",
+    seed: int = 0,
+) -> None:
+    """Write a random `shape` *ForMaskedLM model (SPLADE's kind), as transformers saves one, with
+    the tokenizer of `tokenizer_from`, into `directory`; its decoder tied to the word embeddings,
+    as in real checkpoints."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForMaskedLM
+
+    spec = {key: value for key, value in SHAPES[shape].items() if key != "pooling"}
+    _save(AutoModelForMaskedLM, spec, directory, tokenizer_from, tiny=tiny, device=device,
+          seed=seed)  # fmt: skip
+    path = directory / "model.safetensors"
+    tensors = load_file(str(path))
+    for decoder, word in (("cls.predictions.decoder.weight", "bert."),
+                          ("lm_head.decoder.weight", "roberta.")):  # fmt: skip
+        if decoder in tensors:
+            tensors[decoder] = tensors[word + "embeddings.word_embeddings.weight"].clone()
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
 def _save(
     auto: Any,
     spec: dict[str, Any],

@@ -1,6 +1,13 @@
-"""What a model is for, read once from its files: embedding texts, or scoring (query, document)
-pairs with which labels and which activation (as transformers and sentence-transformers'
+"""What a model is for, read once from its files: embedding texts (dense rows, and BGE-M3's sparse
+and ColBERT rows where its heads lie beside it), sparse rows (SPLADE), or scoring (query,
+document) pairs with which labels and which activation (as transformers and sentence-transformers'
 CrossEncoder read them), and that activation applied to logits.
+
+A model gives SPLADE's sparse rows when sentence-transformers saved it as a SparseEncoder
+(config_sentence_transformers.json's model_type, its modules a Transformer (or MLMTransformer)
+and SpladePooling, whose config says max or sum, relu or log1p_relu), or when its catalog entry
+or first request states `pooling = "splade"` (then max and relu, SPLADE v2's); either way its
+architecture must be a `*ForMaskedLM`.
 
 A model scores pairs when its config's first architecture is a `*ForSequenceClassification`;
 any other architecture embeds. Its labels are transformers' reading of the config: `id2label`
@@ -35,9 +42,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from embedx.errors import InvalidModel
+from embedx.errors import InvalidModel, InvalidOption
 
-Kind = Literal["embed", "score"]
+Kind = Literal["embed", "score", "sparse"]
 Activation = Literal["sigmoid", "softmax", "identity"]
 
 # torch.nn classes by the module paths sentence-transformers saves them under (`fullname`) or
@@ -45,6 +52,18 @@ Activation = Literal["sigmoid", "softmax", "identity"]
 TORCH_ACTIVATIONS = {"Sigmoid": "sigmoid", "Identity": "identity", "Softmax": "softmax"}
 TORCH_MODULES = ("torch.nn", "torch.nn.modules.activation", "torch.nn.modules.linear")
 CROSS_ENCODER = "CrossEncoder"  # config_sentence_transformers.json's model_type for one
+SPARSE_ENCODER = "SparseEncoder"
+DENSE = ("dense",)
+SPARSE = ("sparse",)
+
+
+@dataclass(frozen=True, slots=True)
+class Splade:
+    """sentence-transformers' SpladePooling: the max (or sum) over a text's tokens of
+    log(1 + relu(logit)), with activation log1p_relu log'd once more."""
+
+    strategy: str = "max"
+    twice: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +73,9 @@ class ModelTask:
     kind: Kind
     labels: tuple[str, ...] = ()
     activation: Activation = "identity"  # from logits to the scores a request gets
+    outputs: tuple[str, ...] = DENSE  # what rows an embedder gives: dense, sparse, colbert
+    splade: Splade | None = None  # a sparse model's pooling
+    unweighted: tuple[int, ...] = ()  # token ids BGE-M3's sparse rows leave out
 
 
 EMBEDDING = ModelTask("embed")
@@ -66,6 +88,10 @@ def task_of(config: dict[str, Any], directory: Path) -> ModelTask:
     architectures = config.get("architectures") or []
     if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
         raise InvalidModel(f"config.json: architectures {architectures!r} is not a list of names")
+    splade = saved_sparse_encoder(directory)
+    if splade is not None:
+        _masked_lm(architectures, "a sentence-transformers SparseEncoder")
+        return ModelTask("sparse", outputs=SPARSE, splade=splade)
     saved = saved_cross_encoder(directory)
     if not architectures or not architectures[0].endswith("ForSequenceClassification"):
         declared = saved is not None or _config_activation(config) is not None
@@ -75,7 +101,12 @@ def task_of(config: dict[str, Any], directory: Path) -> ModelTask:
                 f"the model is a sentence-transformers CrossEncoder of architecture "
                 f"{architecture}: embedx scores pairs only with *ForSequenceClassification models"
             )
-        return EMBEDDING
+        from embedx.models.m3 import found_heads  # BGE-M3's heads beside its weights
+
+        heads = found_heads(directory)
+        if heads is None:
+            return EMBEDDING
+        return ModelTask("embed", outputs=heads.outputs, unweighted=heads.unweighted)
     labels = _labels(config)
     path = saved.get("activation_fn") if saved is not None else None
     if path is None:
@@ -110,6 +141,61 @@ def saved_cross_encoder(directory: Path) -> dict[str, Any] | None:
             "Transformer module, the sequence-classification model itself"
         )
     return settings
+
+
+def saved_sparse_encoder(directory: Path) -> Splade | None:
+    """The SpladePooling of a model sentence-transformers saved as a SparseEncoder, else None.
+    Its modules must be the masked LM and SpladePooling: anything else changes the rows."""
+    modules_path = directory / "modules.json"
+    settings_path = directory / "config_sentence_transformers.json"
+    if not modules_path.is_file() or not settings_path.is_file():
+        return None
+    settings = read_json(settings_path)
+    if not isinstance(settings, dict) or settings.get("model_type") != SPARSE_ENCODER:
+        return None
+    modules = read_json(modules_path)
+    listed = modules if isinstance(modules, list) else [modules]
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] if isinstance(m, dict) else m
+             for m in listed]  # fmt: skip
+    if kinds not in (["Transformer", "SpladePooling"], ["MLMTransformer", "SpladePooling"]):
+        raise InvalidModel(
+            f"{modules_path}: a SparseEncoder of modules {kinds}: embedx runs only a masked "
+            "LM (Transformer or MLMTransformer) and SpladePooling"
+        )
+    pooling = read_json(directory / str(listed[1].get("path", "")) / "config.json")
+    strategy = pooling.get("pooling_strategy", "max") if isinstance(pooling, dict) else None
+    activation = pooling.get("activation_function", "relu") if isinstance(pooling, dict) else None
+    if strategy not in ("max", "sum") or activation not in ("relu", "log1p_relu"):
+        raise InvalidModel(
+            f"SpladePooling of pooling_strategy {strategy!r} and activation_function "
+            f"{activation!r}: embedx runs max or sum, relu or log1p_relu"
+        )
+    return Splade(strategy, twice=activation == "log1p_relu")
+
+
+def with_pooling(task: ModelTask, config: dict[str, Any], pooling: str | None) -> ModelTask:
+    """The task once the pooling a catalog entry or request states is known: `splade` makes a
+    masked LM a sparse model; any other pooling of a sparse model is a contradiction."""
+    if task.kind == "sparse":
+        if pooling not in (None, "splade"):
+            raise InvalidOption(
+                f"the model is a SPLADE sparse encoder (its files say so): pooling {pooling!r} "
+                "does not apply to it; state splade or nothing",
+                param="pooling",
+            )
+        return task
+    if pooling != "splade" or task.kind == "score":
+        return task
+    _masked_lm(config.get("architectures") or [], "pooling splade")
+    return ModelTask("sparse", outputs=SPARSE, splade=Splade())
+
+
+def _masked_lm(architectures: list[str], what: str) -> None:
+    if not architectures or not architectures[0].endswith("ForMaskedLM"):
+        found = architectures[0] if architectures else "none"
+        raise InvalidModel(
+            f"{what} needs a masked LM (an architecture *ForMaskedLM); this model's is {found}"
+        )
 
 
 def _config_activation(config: dict[str, Any]) -> str | None:

@@ -21,6 +21,7 @@ ROUTES: tuple[Route, ...] = (
     ("GET", "/models/{path:model}", openai.retrieve_model),
     ("POST", "/embed", tei.embed_tei),
     ("POST", "/", tei.embed_tei),  # TEI's route too: clients given the bare URL post here
+    ("POST", "/embed_sparse", tei.embed_sparse_tei),
     ("POST", "/tokenize", tei.tokenize_tei),
     ("POST", "/decode", tei.decode_tei),
     ("POST", "/rerank", rerank.rerank_any),  # TEI's shape, or Cohere's and infinity's

@@ -73,3 +73,51 @@ def build_remote_code_model(root: Path, minilm_dir: Path) -> RemoteCodeModel:
         "class XModel(BertModel):\n    config_class = XConfig\n"
     )
     return RemoteCodeModel(directory, marker)
+
+
+# SPLADE's two SpladePooling settings beside its default: (pooling_strategy, activation_function)
+SPLADE_POOLINGS = {"max-relu": ("max", "relu"), "sum-log1p_relu": ("sum", "log1p_relu")}
+
+
+def build_tiny_splade(root: Path, texts: list[str]) -> dict[str, Path]:
+    """A tiny random BERT masked LM with a sentencepiece (Unigram) tokenizer trained on
+    `texts`, as transformers saves it ("mlm"), and saved by sentence-transformers as a
+    SparseEncoder with each of `SPLADE_POOLINGS`, by its name."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    from embedx.models.random_init import build_masked_lm, build_unigram_tokenizer
+
+    build_unigram_tokenizer(root / "unigram", texts)
+    build_masked_lm("bert-base", root / "mlm", root / "unigram", tiny=True)
+    models = {"mlm": root / "mlm"}
+    for name, (strategy, activation) in SPLADE_POOLINGS.items():
+        masked_lm = Transformer(str(root / "mlm"), transformer_task="fill-mask")
+        pooling = SpladePooling(strategy, activation_function=activation)  # type: ignore[arg-type]
+        SparseEncoder(modules=[masked_lm, pooling], device="cpu").save(str(root / name))
+        models[name] = root / name
+    return models
+
+
+def build_tiny_m3(root: Path, texts: list[str]) -> Path:
+    """A tiny random model of BGE-M3's shape (XLM-R, a sentencepiece tokenizer trained on
+    `texts`) with random sparse_linear and colbert_linear heads, saved as FlagEmbedding saves
+    one: transformers' files, and each head's state as a torch pickle (.pt) beside them."""
+    import shutil
+
+    import torch
+
+    from embedx.models.random_init import build, build_unigram_tokenizer
+
+    build_unigram_tokenizer(root / "unigram", texts)
+    directory = root / "m3"
+    build("xlm-roberta-large", directory, root / "unigram", tiny=True)
+    for name in ("modules.json", "sentence_bert_config.json"):  # FlagEmbedding writes none
+        (directory / name).unlink()
+    shutil.rmtree(directory / "1_Pooling")
+    hidden = json.loads((directory / "config.json").read_text())["hidden_size"]
+    torch.manual_seed(0)
+    for name, width in (("colbert_linear", hidden), ("sparse_linear", 1)):
+        torch.save(torch.nn.Linear(hidden, width).state_dict(), directory / f"{name}.pt")
+    return directory

@@ -136,6 +136,8 @@ class EmbedRequest:
     keyed: bool = False  # OpenAI: each row an object keyed by encoding (embedding_types)
     normalize: bool | None = None  # TEI
     truncate: bool = True  # TEI: false makes an over-long text an error
+    outputs: tuple[str, ...] = ("dense",)  # with sparse rows or ColBERT vectors (sparse_rows)
+    top_k: int | None = None  # a sparse row's largest weights kept
 
 
 def check_json_body(content_type: bytes | None, content_encoding: bytes | None) -> None:
@@ -238,7 +240,9 @@ def embed_request(
     **own: Any,
 ) -> EmbedRequest:
     """The fields both embedding families share, then each family's own (the model and the
-    prompt each family finds its own way)."""
+    prompt each family finds its own way). A request for no dense rows loads a model whose
+    files may state its pooling (a SPLADE SparseEncoder's)."""
+    dense = "dense" in own.get("outputs", ("dense",))
     return EmbedRequest(
         model=model,
         texts=_texts(data.get(family.texts), family.texts, max_items),
@@ -247,6 +251,7 @@ def embed_request(
             dtype=options["dtype"],
             max_seq_len=options["max_seq_len"],
             keep_alive_s=options["keep_alive"],
+            task="embed" if dense else "sparse",
         ),
         dimensions=options["dimensions"],
         input_type=input_type,

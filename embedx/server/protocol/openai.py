@@ -26,9 +26,12 @@ from embedx.server.protocol.family import (
 from embedx.server.protocol.fields import Choice, Choices, Integer, Text
 from embedx.server.protocol.schema import EXAMPLE_MODEL, Described, embedding, operation
 
+# Beyond a dense row's encodings: a sparse row, BGE-M3's ColBERT vectors (engine/sparse_rows.py)
+ROWS_BEYOND = ("sparse", "colbert")
 OPENAI = Family("input", defaultable=False, closed=True, options={
-    "encoding_format": Choice(tuple(ENCODINGS), default="float"),
-    "embedding_types": Choices(tuple(ENCODINGS)),
+    "encoding_format": Choice((*ENCODINGS, "sparse"), default="float"),
+    "embedding_types": Choices((*ENCODINGS, *ROWS_BEYOND)),
+    "top_k": Integer(1),
     "user": Text(),
     "input_type": PROMPT_NAME,
     **SHARED,
@@ -38,10 +41,13 @@ OPENAI = Family("input", defaultable=False, closed=True, options={
                        "ubinary: a list of integers, as sentence-transformers' "
                        "quantize_embeddings makes them (int8 and uint8 over the fixed range "
                        "[-1, 1]; binary and ubinary a byte per 8 dimensions), after the "
-                       "dimensions cut and normalizing (docs/api.md).",
+                       "dimensions cut and normalizing (docs/api.md). sparse: a sparse row, "
+                       "{indices, values} (a SPLADE model's, or BGE-M3's).",
     "embedding_types": "Cohere's: several encodings at once; each item's embedding is then "
                        "an object with one key per type. It replaces encoding_format (which "
-                       "the OpenAI SDK sends on its own).",
+                       "the OpenAI SDK sends on its own). sparse and colbert (BGE-M3's "
+                       "token vectors) beside float ask a model for several rows at once.",
+    "top_k": "embedx's: a sparse row keeps its k largest weights. Unset: every weight above 0.",
     "input_type": PROMPT_NOTE,
     **SHARED_NOTES,
 })  # fmt: skip
@@ -65,6 +71,9 @@ def parse_openai(body: bytes, max_items: int, family: Family = OPENAI) -> EmbedR
     refuse_unknown(data, family)
     options = read_options(data, family)
     options["dimensions"] = options["dimensions"] or None  # infinity's 0: all of them
+    kinds = options["embedding_types"] or (options["encoding_format"],)
+    encodings = tuple(kind for kind in kinds if kind in ENCODINGS)
+    beyond = tuple(kind for kind in ROWS_BEYOND if kind in kinds)
     return embed_request(
         data,
         family,
@@ -72,8 +81,10 @@ def parse_openai(body: bytes, max_items: int, family: Family = OPENAI) -> EmbedR
         max_items,
         model=read_model(data, family, None),
         input_type=options["input_type"],
-        encodings=options["embedding_types"] or (options["encoding_format"],),
+        encodings=encodings or ("float",),
         keyed=options["embedding_types"] is not None,
+        outputs=("dense", *beyond) if encodings else beyond,
+        top_k=options["top_k"],
     )
 
 
@@ -89,7 +100,13 @@ ROW: dict[str, dict[str, Any]] = {
     "uint8": _integers(0, 255),
     "binary": _integers(-128, 127),
     "ubinary": _integers(0, 255),
-}
+    "sparse": {"type": "object", "required": ["indices", "values"], "properties": {
+        "indices": {"type": "array", "items": {"type": "integer"},
+                    "description": "Token ids, ascending"},
+        "values": {"type": "array", "items": {"type": "number"}}}},
+    "colbert": {"type": "array", "items": {"type": "array", "items": {"type": "number"}},
+                "description": "A vector a token after the first"},
+}  # fmt: skip
 RESPONSE = {
     "type": "object",
     "required": ["object", "data", "model", "usage"],
@@ -116,7 +133,7 @@ MODEL = {  # OpenAI's card, with embedx's fields and infinity's (its client need
         "owned_by": {"enum": ["embedx", "infinity"],
                      "description": "infinity on infinity's paths, as its client requires"},
         "resident": {"type": "boolean"},
-        "pooling": {"enum": ["cls", "mean", "last_token", None]},
+        "pooling": {"enum": ["cls", "mean", "last_token", "splade", None]},
         "dimensions": {"type": ["integer", "null"], "description": "null until loaded"},
         "backend": {"type": "string", "description": "the implementation; empty until loaded"},
         "capabilities": {"type": "array", "items": {"enum": ["embed", "rerank", "classify"]},

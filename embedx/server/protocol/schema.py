@@ -106,11 +106,14 @@ def operation(
     return described
 
 
-def embedding(summary: str, ok: Any, family: Family, server: Described) -> dict[str, Any]:
-    """An embedding route's operation: its family's request body, with an example, its
-    answer with TEI's timing headers, and the errors of a body checked and a model leased."""
+def embedding(
+    summary: str, ok: Any, family: Family, server: Described, model: str = EXAMPLE_MODEL
+) -> dict[str, Any]:
+    """An embedding route's operation: its family's request body, with an example (naming
+    `model`), its answer with TEI's timing headers, and the errors of a body checked and a
+    model leased."""
     schema = request_schema(family, max_items=server.max_items, default_model=server.default_model)
     texts = ["The food was delicious.", "The waiter was friendly."]
-    request = {"schema": schema, "example": {"model": EXAMPLE_MODEL, family.texts: texts}}
+    request = {"schema": schema, "example": {"model": model, family.texts: texts}}
     return operation(summary, ok, keyed=server.keyed, errors=EMBEDDING, request=request,
                      headers=TIMING)  # fmt: skip

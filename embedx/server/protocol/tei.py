@@ -23,7 +23,7 @@ from embedx.server.protocol.family import (
     request_schema,
     within_items,
 )
-from embedx.server.protocol.fields import Choice, Flag
+from embedx.server.protocol.fields import Choice, Flag, Integer
 from embedx.server.protocol.schema import EMBEDDING, EXAMPLE_MODEL, Described, embedding, operation
 
 # TEI ignores fields it does not read: the Inference API's `options` and `parameters`,
@@ -71,7 +71,44 @@ def parse_tei(body: bytes, max_items: int, default_model: str | None) -> EmbedRe
     )
 
 
+# POST /embed_sparse: TEI's request for a SPLADE model's rows (TEI reads no normalize), with
+# embedx's top_k; no dimensions, which a vocabulary-wide row has no use for
+TEI_SPARSE = Family("inputs", defaultable=True, closed=False, options={
+    "truncate": TEI.options["truncate"],
+    "truncation_direction": TEI.options["truncation_direction"],
+    "prompt_name": PROMPT_NAME,
+    "top_k": Integer(1),
+    **{key: option for key, option in SHARED.items() if key != "dimensions"},
+}, notes={
+    **{key: note for key, note in TEI.notes.items() if key not in ("normalize", "dimensions")},
+    "top_k": "embedx's: each row keeps its k largest weights. Unset: every weight above 0.",
+})  # fmt: skip
+
+
+def parse_tei_sparse(body: bytes, max_items: int, default_model: str | None) -> EmbedRequest:
+    """POST /embed_sparse, as TEI defines it: a SPLADE model's sparse rows (or BGE-M3's)."""
+    data = json_object(body)
+    options = {**read_options(data, TEI_SPARSE), "dimensions": None}
+    return embed_request(
+        data,
+        TEI_SPARSE,
+        options,
+        max_items,
+        model=read_model(data, TEI_SPARSE, default_model),
+        input_type=options["prompt_name"],
+        truncate=options["truncate"],
+        outputs=("sparse",),
+        top_k=options["top_k"],
+    )
+
+
+EXAMPLE_SPARSE_MODEL = "naver/efficient-splade-VI-BT-large-query"  # TEI's own example
 VECTORS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
+SPARSE_VECTORS = {"type": "array", "items": {"type": "array", "items": {
+    "type": "object", "required": ["index", "value"], "properties": {
+        "index": {"type": "integer", "description": "A token id"},
+        "value": {"type": "number", "description": "Its weight, above 0"}}}},
+    "description": "Each input's non-zero weights, by token id (ascending)"}  # fmt: skip
 
 MODEL_NOTE = TEI.notes["model"]
 TOKENIZE = Family("inputs", defaultable=True, closed=False, options={
@@ -205,6 +242,15 @@ def operations(server: Described) -> dict[str, dict[str, Any]]:
     """The family's paths as the OpenAPI document describes them."""
     return {
         "/embed": {"post": embedding("Embed (text-embeddings-inference)", VECTORS, TEI, server)},
+        "/embed_sparse": {
+            "post": embedding(
+                "Sparse rows (text-embeddings-inference)",
+                SPARSE_VECTORS,
+                TEI_SPARSE,
+                server,
+                EXAMPLE_SPARSE_MODEL,
+            )
+        },
         "/": {
             "post": embedding("As /embed: TEI serves its model's task here", VECTORS, TEI, server)
         },

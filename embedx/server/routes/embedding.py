@@ -11,6 +11,16 @@ from embedx.errors import WrongModelTask
 from embedx.server.protocol.family import EmbedRequest, check_json_body
 from embedx.server.state import ServerState
 
+# Where a model's rows come from, by what it gives (a WrongModelTask's task)
+ROUTES = {
+    "score": "send its (query, document) pairs to POST /rerank, /v1/rerank or /v2/rerank (a "
+             "classifier's texts to /predict or /classify)",
+    "sparse": 'its sparse rows come from POST /embed_sparse, or POST /v1/embeddings with '
+              'encoding_format "sparse"',
+    "embed": "its dense rows come from POST /embed or POST /v1/embeddings (BGE-M3's sparse and "
+             'ColBERT rows too, with embedding_types "sparse" and "colbert")',
+}  # fmt: skip
+
 
 async def json_body(http: Request) -> bytes:
     check_json_body(
@@ -32,6 +42,8 @@ async def embed(
         encodings=request.encodings,
         sink=sink,
         instruction=request.instruction,
+        outputs=request.outputs,
+        top_k=request.top_k,
     )
     with state.tei.request(len(request.texts)) as record:
         async with (
@@ -41,11 +53,7 @@ async def embed(
             try:
                 record.result = result = await engine.embed(request.texts, options)
             except WrongModelTask as exc:
-                raise WrongModelTask(
-                    f"{exc.message}: send its (query, document) pairs to POST /rerank, "
-                    "/v1/rerank or /v2/rerank (a classifier's texts to /predict or /classify)",
-                    task=exc.task,
-                ) from None
+                raise WrongModelTask(f"{exc.message}: {ROUTES[exc.task]}", task=exc.task) from None
             return result
 
 

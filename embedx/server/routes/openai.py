@@ -24,9 +24,15 @@ async def create_embeddings(state: ServerState, http: Request) -> Response:
     if request.keyed or request.encodings != ("base64",):
         result = await embed(state, request)
         rows: Any = result.vectors  # floats, or an int8 format's ints: numpy's, for orjson
+        beyond = _beyond_rows(result)
         if request.keyed:
-            parts = {name: _json_rows(name, part) for name, part in result.encoded.items()}
-            rows = [{name: part[i] for name, part in parts.items()} for i in range(len(rows))]
+            parts = {name: _json_rows(name, part) for name, part in result.encoded.items()
+                     if "dense" in request.outputs}  # fmt: skip
+            parts.update(beyond)
+            rows = [{name: part[i] for name, part in parts.items()}
+                    for i in range(len(request.texts))]  # fmt: skip
+        elif beyond:
+            rows = beyond["sparse"]
         data = [{"object": "embedding", "index": i, "embedding": row}
                 for i, row in enumerate(rows)]  # fmt: skip
         payload = {"object": "list", "data": data, "model": request.model, "usage": _usage(result)}
@@ -46,6 +52,16 @@ def _json_rows(name: str, rows: np.ndarray) -> Any:
     if name == "base64":
         return [row.tobytes().decode("ascii") for row in rows]
     return np.ascontiguousarray(rows)
+
+
+def _beyond_rows(result: EmbedResult) -> dict[str, list[Any]]:
+    """A request's sparse rows ({indices, values}) and ColBERT vectors, where it asked."""
+    rows: dict[str, list[Any]] = {}
+    if result.sparse is not None:
+        rows["sparse"] = [{"indices": row.indices, "values": row.values} for row in result.sparse]
+    if result.colbert is not None:
+        rows["colbert"] = result.colbert
+    return rows
 
 
 def _usage(result: EmbedResult) -> dict[str, int]:
@@ -112,7 +128,7 @@ def _model_card(
             dimensions=engine.dimensions,
             backend=replicas[0].model.implementation if replicas else "",
             # infinity's names for a model's tasks: a scorer both reranks and classifies here
-            capabilities=["embed"] if engine.task.kind == "embed" else ["rerank", "classify"],
+            capabilities=["rerank", "classify"] if engine.task.kind == "score" else ["embed"],
             stats={"queue_absolute": engine.queue.pending_items,
                    "queue_tokens": engine.queue.pending_tokens},
         )  # fmt: skip

@@ -1,5 +1,5 @@
 """text-embeddings-inference's routes: POST /embed (and POST /, where TEI serves it too),
-/tokenize and /decode."""
+/embed_sparse, /tokenize and /decode."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from blacksheep import Request, Response
 from embedx.engine import tokens
 from embedx.errors import InvalidInput, InvalidOption
 from embedx.registry import LoadRequest
-from embedx.server.protocol.tei import parse_decode, parse_tei, parse_tokenize, tei_default
+from embedx.server.protocol.tei import (
+    parse_decode,
+    parse_tei,
+    parse_tei_sparse,
+    parse_tokenize,
+    tei_default,
+)
 from embedx.server.responses import json_bytes_response, json_response
 from embedx.server.routes.embedding import embed, json_body, timing
 from embedx.server.state import ServerState
@@ -27,6 +33,17 @@ async def embed_tei(state: ServerState, http: Request) -> Response:
             raise
         raise type(exc)(exc.message, param="prompt_name") from None  # TEI's name for it
     return json_response(result.vectors, headers=timing(result))
+
+
+async def embed_sparse_tei(state: ServerState, http: Request) -> Response:
+    settings = state.settings
+    body = await json_body(http)
+    request = parse_tei_sparse(body, settings.max_request_items, tei_default(settings))
+    result = await embed(state, request)
+    rows = [[{"index": i, "value": v} for i, v in zip(row.indices.tolist(), row.values.tolist(),
+                                                      strict=True)]
+            for row in result.sparse or ()]  # fmt: skip
+    return json_response(rows, headers=timing(result))
 
 
 async def tokenize_tei(state: ServerState, http: Request) -> Response:
