@@ -214,8 +214,11 @@ class Accelerator(Protocol):
 
     def launch(self, work: Callable[[], T]) -> Launch[T]: ...
 
-    async def result(self, launch: Launch[T], deadline_s: float) -> tuple[T, float]:
-        """The work's output and the device seconds it took; DeviceHung past the deadline."""
+    async def result(
+        self, launch: Launch[T], deadline_s: float, expected_s: float = 0.0
+    ) -> tuple[T, float]:
+        """The work's output and the device seconds it took; DeviceHung past the deadline.
+        `expected_s`: what the batch should take, where known."""
         ...
 
     def free_memory(self) -> int: ...
@@ -269,15 +272,21 @@ class CudaAccelerator:
             finished.record(self.stream)
         return CudaLaunch(output, started, finished, time.monotonic())
 
-    async def result(self, launch: Launch[T], deadline_s: float) -> tuple[T, float]:
+    async def result(
+        self, launch: Launch[T], deadline_s: float, expected_s: float = 0.0
+    ) -> tuple[T, float]:
         assert isinstance(launch, CudaLaunch)
         finished = launch.finished
         give_up = launch.launched_at + deadline_s
+        # A batch due within one polling step (a few short texts) is looked at on every turn
+        # of the loop until then: a whole step's sleep would take longer than the batch.
+        watch_until = launch.launched_at + POLL_S if expected_s < POLL_S else 0.0
         while not finished.query():
-            if time.monotonic() > give_up:
+            now = time.monotonic()
+            if now > give_up:
                 self.hung = True
                 raise DeviceHung(f"{self.info.label}: a batch ran past {deadline_s:.1f} s")
-            await asyncio.sleep(POLL_S)
+            await asyncio.sleep(0 if now < watch_until else POLL_S)
         return launch.output, launch.started.elapsed_time(finished) / 1000.0
 
     def free_memory(self) -> int:
@@ -360,7 +369,9 @@ class CpuAccelerator:
 
         return ThreadLaunch(self._executor.submit(timed), time.monotonic())
 
-    async def result(self, launch: Launch[T], deadline_s: float) -> tuple[T, float]:
+    async def result(
+        self, launch: Launch[T], deadline_s: float, expected_s: float = 0.0
+    ) -> tuple[T, float]:
         assert isinstance(launch, ThreadLaunch)
         remaining = launch.launched_at + deadline_s - time.monotonic()
         try:

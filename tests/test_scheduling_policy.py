@@ -300,3 +300,31 @@ def test_a_host_cpu_too_slow_to_matter_sits_out_until_the_accelerators_are_gone(
     assert queue.claim(gpu) is not None
     queue.quarantine(gpu, "lost (test)")
     assert queue.claim(cpu) is not None
+
+
+def test_a_device_busy_with_a_batch_lets_a_few_short_texts_gather_for_one_launch() -> None:
+    queue = ConvergingQueue(clock=Clock())
+    # runs 20 tokens in 2 us, while a launch holds the host for 500 us
+    gpu = queue.add_device("gpu", budget=4096, rate=1e7, max_inflight=2, launch_s=500e-6)
+    first = job_of(queue, [20])
+    alone = queue.claim(gpu)
+    assert alone is not None and len(alone.items) == 1  # a lone text starts at once
+    for _ in range(5):  # five more arrive while it runs
+        job_of(queue, [20])
+    assert queue.claim(gpu) is None  # launched now, they would be one text a launch
+    queue.complete(alone)
+    assert first.remaining == 0
+    gathered = queue.claim(gpu)
+    assert gathered is not None and len(gathered.items) == 5  # one launch for all five
+
+
+def test_a_device_busy_with_a_batch_launches_the_next_when_it_outlasts_a_launch() -> None:
+    queue = ConvergingQueue(clock=Clock())
+    gpu = queue.add_device("gpu", budget=16384, rate=1e7, max_inflight=2, launch_s=500e-6)
+    job_of(queue, [20])
+    assert queue.claim(gpu) is not None
+    job_of(queue, [400] * 10)  # 400 us of the device's time: near a launch's 500 us
+    assert queue.claim(gpu) is None
+    job_of(queue, [400] * 10)  # 800 us: launched now, it runs while the first is collected
+    second = queue.claim(gpu)
+    assert second is not None and second.tokens == 8000

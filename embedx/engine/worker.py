@@ -75,7 +75,9 @@ class DeviceWorker:
                 claim = batch.claim
                 deadline = max(self.batch_timeout_s, HANG_FACTOR * claim.expected_s)
                 try:
-                    output, seconds = await accelerator.result(batch.launched, deadline)
+                    output, seconds = await accelerator.result(
+                        batch.launched, deadline, claim.expected_s
+                    )
                 except DeviceHung as exc:
                     log.error("%s", exc)
                     self.queue.quarantine(self.slot, str(exc))

@@ -56,6 +56,17 @@ def host_sits_out(view: QueueView, device: DeviceView) -> bool:
     return bool(accelerators) and device.rate < MIN_HOST_SHARE * total
 
 
+def gathers_first(view: QueueView, me: DeviceView) -> bool:
+    """Whether a device with a batch in flight should let what is queued gather rather than
+    launch it now: when the device would run all of it in less time than a launch holds the
+    host's thread (a few short texts on a GPU). Launched at once, each such batch takes a
+    text or two, and the launches, not the device, set the pace (16 clients of one text
+    each made one-text batches). Left to gather until the batch in flight is collected, the
+    texts that arrive meanwhile go in one launch; a lone request still starts at once, on a
+    device holding nothing."""
+    return bool(me.holding) and me.seconds(view.pending_tokens) < me.launch_s
+
+
 def better_left_to_faster(view: QueueView, me: DeviceView) -> bool:
     """Whether, while texts are still arriving, a device should leave what is queued to
     faster devices that would finish all of it, after what they hold, before it could

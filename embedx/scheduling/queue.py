@@ -158,7 +158,11 @@ class ConvergingQueue:
         if self.pending_items <= 0:
             return None
         view, me = self.view(device)
-        if policy.host_waits(view, me) or policy.better_left_to_faster(view, me):
+        if (
+            policy.host_waits(view, me)
+            or policy.better_left_to_faster(view, me)
+            or policy.gathers_first(view, me)
+        ):
             return None
         end = policy.end_for(view, me)
         target = policy.tail_target(view, me, end)
