@@ -112,3 +112,35 @@ def test_abuse_measures_long_texts_slow_bodies_and_large_bodies(tmp_path: Path) 
     assert slow["slow_sockets_answers_within_30_s"] == {"408": 20}
     assert slow["slow_sockets_answers_at_stop"] == {"503": 20}
     assert result["large_bodies"][0]["answered_with_every_vector"] == 2
+
+
+def test_online_measures_small_requests_at_each_client_count(tmp_path: Path) -> None:
+    result = _bench(
+        "online.py",
+        "bert-base",
+        "--tiny",
+        "--corpus",
+        CORPUS,
+        "--sizes",
+        "1",
+        "8",
+        "--clients",
+        "1",
+        "3",
+        "--client-processes",
+        "2",
+        "--warmup",
+        "0.2",
+        "--seconds",
+        "0.5",
+        out=tmp_path / "online.json",
+    )
+    points = result["methods"]["embedx"]
+    assert [(p["texts_per_request"], p["clients"]) for p in points] == [
+        (1, 1),
+        (1, 3),
+        (8, 1),
+        (8, 3),
+    ]
+    assert all(p["requests_per_s"] > 0 and 0 < p["p50_ms"] <= p["p99_ms"] for p in points)
+    assert 15 <= result["tokens_per_text"] <= 30  # 15 words a text
