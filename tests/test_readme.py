@@ -1,4 +1,5 @@
-"""The README's snippets run as written, against a real server where they need one."""
+"""The README's snippets (and docs/api.md's reading of base64) run as written, against a real
+server where they need one."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from tests.support.server import running_server
 
 pytestmark = pytest.mark.process  # each test starts a process of its own
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text()
+API_DOCS = (ROOT / "docs" / "api.md").read_text()
 # Run after the snippet that reads the body by hand: its rows are the ones the SDK makes
 # floats of.
 SAME_ROWS_AS_THE_SDK = """
@@ -25,8 +28,8 @@ assert (vectors == [row.embedding for row in floats.data]).all()
 """
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
+def blocks(language: str, text: str = README) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.DOTALL)
 
 
 def test_the_library_example_runs_as_written() -> None:
@@ -40,7 +43,8 @@ def test_the_library_example_runs_as_written() -> None:
 
 def test_the_curl_and_sdk_snippets_return_real_vectors(tmp_path: Path) -> None:
     curl = next(b for b in blocks("sh") if b.startswith("curl"))
-    sdk, raw = (b for b in blocks("python") if "from openai import OpenAI" in b)
+    (sdk,) = (b for b in blocks("python") if "from openai import OpenAI" in b)
+    (raw,) = (b for b in blocks("python", API_DOCS) if "with_raw_response" in b)
     with running_server(tmp_path, preload=MINILM_NAME) as server:
         port = server.url.rsplit(":", 1)[1]
         done = subprocess.run(
