@@ -213,12 +213,6 @@ class Settings:
             if value is None and f.default is None:
                 continue
             object.__setattr__(self, f.name, _parse(f.name, value, "Settings"))  # frozen
-        if len(self.preload) > self.max_loaded_models:  # preloaded models stay resident
-            raise ConfigError(
-                f"EMBEDX_PRELOAD names {len(self.preload)} models, more than "
-                f"EMBEDX_MAX_LOADED_MODELS ({self.max_loaded_models}) can hold: they are never "
-                "unloaded"
-            )
         over = {k: v for k, v in self.device_batch_tokens.items() if v > self.max_batch_tokens}
         if over:
             raise ConfigError(

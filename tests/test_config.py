@@ -78,11 +78,6 @@ def test_a_bad_value_names_its_key_and_value(variable: str, value: str, named: s
     assert repr(value) in caught.value.message
 
 
-def test_more_preloads_than_resident_models_is_an_error() -> None:
-    with pytest.raises(ConfigError, match="never unloaded"):  # serve would fail at the second
-        load_settings(environ={"EMBEDX_PRELOAD": "a,b", "EMBEDX_MAX_LOADED_MODELS": "1"})
-
-
 def test_a_config_path_that_points_nowhere_is_an_error(tmp_path: Path) -> None:
     missing = tmp_path / "missing.toml"
     with pytest.raises(ConfigError, match="not a file"):
@@ -158,7 +153,6 @@ def test_a_per_device_map_that_cannot_mean_one_thing_is_refused(
         ({"max_batch_tokens": -5}, "must be at least 1"),
         ({"devices": ("cuda",)}, "neither a GPU index nor 'cpu'"),
         ({"batch_timeout_s": -1.0}, "0 or more"),
-        ({"preload": ("a", "b"), "max_loaded_models": 1}, "more than EMBEDX_MAX_LOADED_MODELS"),
     ],
 )
 def test_settings_made_by_hand_are_checked_as_loaded_ones_are(

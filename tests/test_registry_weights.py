@@ -17,9 +17,10 @@ import pytest
 from embedx.config import load_settings
 from embedx.devices import CpuAccelerator
 from embedx.engine import EngineState, NamedEngine
+from embedx.errors import ConfigError
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.pooling import Pooling
-from embedx.registry import ModelRegistry
+from embedx.registry import ModelRegistry, check_preload
 from tests.support.fakes import cpu_info
 from tests.support.server import in_process
 from tests.support.waiting import eventually_async
@@ -164,3 +165,18 @@ async def test_names_over_one_copy_answer_with_their_own_prompts_and_info_shows_
         entries = {entry["model"]: entry for entry in info["models"]}
         assert {entry["weights"] for entry in entries.values()} == {entries["plain"]["weights"]}
         assert set(entries["search"]["shares_weights_with"]) == {"classify", "plain"}
+
+
+def test_preloading_names_over_one_source_counts_one_copy_against_the_cap(
+    tiny_models: dict[str, Path],
+) -> None:
+    one, other = str(tiny_models["bert-base"]), str(tiny_models["xlm-roberta-large"])
+    catalog = {
+        name: ModelSpec(name=name, source=source, pooling=Pooling.MEAN)
+        for name, source in (("first", one), ("second", one), ("third", other))
+    }
+    capped = load_settings({"preload": "first,second", "max_loaded_models": "1"}, environ={})
+    check_preload(capped, catalog)  # one copy: it fits
+    over = load_settings({"preload": "first,third", "max_loaded_models": "1"}, environ={})
+    with pytest.raises(ConfigError, match=r"over 2 copies of weights, more than .* \(1\)"):
+        check_preload(over, catalog)

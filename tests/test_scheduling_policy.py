@@ -308,14 +308,16 @@ def test_a_device_busy_with_a_batch_lets_a_few_short_texts_gather_for_one_launch
     gpu = queue.add_device("gpu", budget=4096, rate=1e7, max_inflight=2, launch_s=500e-6)
     first = job_of(queue, [20])
     alone = queue.claim(gpu)
-    assert alone is not None and len(alone.items) == 1  # a lone text starts at once
+    assert alone is not None
+    assert len(alone.items) == 1
     for _ in range(5):  # five more arrive while it runs
         job_of(queue, [20])
     assert queue.claim(gpu) is None  # launched now, they would be one text a launch
     queue.complete(alone)
     assert first.remaining == 0
     gathered = queue.claim(gpu)
-    assert gathered is not None and len(gathered.items) == 5  # one launch for all five
+    assert gathered is not None
+    assert len(gathered.items) == 5
 
 
 def test_a_device_busy_with_a_batch_launches_the_next_when_it_outlasts_a_launch() -> None:
@@ -327,4 +329,5 @@ def test_a_device_busy_with_a_batch_launches_the_next_when_it_outlasts_a_launch(
     assert queue.claim(gpu) is None
     job_of(queue, [400] * 10)  # 800 us: launched now, it runs while the first is collected
     second = queue.claim(gpu)
-    assert second is not None and second.tokens == 8000
+    assert second is not None
+    assert second.tokens == 8000

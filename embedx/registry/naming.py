@@ -26,6 +26,7 @@ from embedx.models.source import (
     is_repo_id,
     local_directory,
 )
+from embedx.registry.residency import weights_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +158,15 @@ def check_preload(settings: Settings, catalog: Mapping[str, ModelSpec]) -> None:
     missing = [name for name in settings.preload if name not in catalog]
     if missing:
         raise ConfigError(f"EMBEDX_PRELOAD names models not in the catalog: {missing}")
+    # They stay resident: the copies of weights they need (names over one source share one)
+    # must fit the cap.
+    copies = {weights_key(catalog[name]) for name in settings.preload}
+    if len(copies) > settings.max_loaded_models:
+        raise ConfigError(
+            f"EMBEDX_PRELOAD names models over {len(copies)} copies of weights, more than "
+            f"EMBEDX_MAX_LOADED_MODELS ({settings.max_loaded_models}) can hold: they are never "
+            "unloaded"
+        )
 
 
 def check_default_model(settings: Settings, catalog: Mapping[str, ModelSpec]) -> None:
