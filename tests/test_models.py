@@ -346,8 +346,13 @@ async def all_ids(tokenizer: TextTokenizer, texts: list[str]) -> list[list[int]]
     return got
 
 
+def threaded(tokenizer: TextTokenizer) -> bool:
+    """Whether the tokenizer's thread was started."""
+    return tokenizer._thread is not None
+
+
 @pytest.mark.anyio
-async def test_a_small_request_is_tokenized_on_the_loop_with_the_same_ids(
+async def test_a_small_request_finding_the_tokenizer_idle_is_tokenized_on_the_loop(
     minilm_dir: Path, reference_texts: list[str]
 ) -> None:
     tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
@@ -357,6 +362,9 @@ async def test_a_small_request_is_tokenized_on_the_loop_with_the_same_ids(
         assert await all_ids(tokenizer, small) == [e.ids for e in encode_all(minilm_dir, small)]
         assert tokenizer._thread is None  # no hand-off: the thread was never started
         assert tokenizer.calls == 1  # counted for /info all the same
+        tokenizer._idle = lambda: False  # type: ignore[method-assign]  # a busy thread takes it
+        assert await all_ids(tokenizer, small) == [e.ids for e in encode_all(minilm_dir, small)]
+        assert threaded(tokenizer)
     finally:
         tokenizer.close()
     short = TextTokenizer(resolve(str(minilm_dir)), 8)

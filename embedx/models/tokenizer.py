@@ -50,9 +50,10 @@ CHUNKS_AHEAD = 2
 # a request's call took 194 ms to encode, median, and the tokenizer waited for texts 41% of
 # the time; bench/load.py).
 CALL_TEXTS = 2048
-# A request of at most this many characters is tokenized on the event loop: a few tens of
-# microseconds, less than handing it to the tokenizer's thread and back (two thread
-# wake-ups, and a turn behind whatever call that thread is making).
+# A request of at most this many characters, arriving while the tokenizer's thread is idle,
+# is tokenized on the event loop: tens of microseconds, less than handing it to the thread
+# and back (two thread wake-ups). A busy thread takes it: its calls share the work of many
+# requests, off the loop.
 INLINE_CHARS = 2048
 # Where a model without tokenizer.json keeps its vocabulary (transformers converts these).
 SLOW_TOKENIZER_FILES = ("vocab.txt", "vocab.json", "*.model")
@@ -127,7 +128,7 @@ class TextTokenizer:
         """Encode in chunks without blocking the event loop, yielding (first index, chunk) in
         order; the next chunks encode on the tokenizer's threads while the caller handles
         this one. With `truncate` off, an over-long text is an InputTooLong error naming it."""
-        if _fits_inline(texts):
+        if self._idle() and _fits_inline(texts):
             yield 0, self.encode_now(texts, truncate=truncate)
             return
         bounds = chunk_bounds(len(texts))
@@ -147,6 +148,11 @@ class TextTokenizer:
         finally:
             for future in ahead:
                 future.cancel()  # the caller stopped early: its texts leave the next call
+
+    def _idle(self) -> bool:
+        """Whether the tokenizer's thread waits for texts (or has not started): a racy read,
+        at worst a small request tokenized where the other path would have done it."""
+        return not self._waiting and (self._thread is None or self._idle_since is not None)
 
     def idle_seconds(self) -> float:
         """`idle_s` with the wait in progress: an idle server's thread is waiting now."""
