@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
-import uuid
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 
@@ -59,7 +59,8 @@ class Guard:
         method: str = scope["method"]
         if method == "HEAD":  # a GET without its body (RFC 9110): what uptime probes send
             scope = {**scope, "method": "GET"}
-        request_id = _given_request_id(scope) or uuid.uuid4().hex[:16]
+        # 64 random bits, as uuid4's first 16 hex digits were, without making a UUID
+        request_id = _given_request_id(scope) or os.urandom(8).hex()
         started = time.perf_counter()
         origin = self._cors.allowed_origin(scope)
         tags = [(b"x-request-id", request_id.encode()), *cors.headers(origin)]
