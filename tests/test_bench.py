@@ -144,3 +144,30 @@ def test_online_measures_small_requests_at_each_client_count(tmp_path: Path) -> 
     ]
     assert all(p["requests_per_s"] > 0 and 0 < p["p50_ms"] <= p["p99_ms"] for p in points)
     assert 15 <= result["tokens_per_text"] <= 30  # 15 words a text
+
+
+def test_outputs_measures_every_form_against_float(tmp_path: Path) -> None:
+    result = _bench(
+        "outputs.py",
+        "--tiny",
+        "--m3-shape",
+        "bert-base",
+        "--corpus",
+        CORPUS,
+        "--repeat",
+        "1",
+        "--limit",
+        "12",
+        "--runs",
+        "1",
+        out=tmp_path / "outputs.json",
+    )
+    assert set(result["minilm"]["trials"]) == {"float", "base64", "int8", "binary"}
+    assert set(result["splade"]["trials"]) == {"float", "sparse", "sparse_top_k",
+                                               "sparse_whole_rows"}  # fmt: skip
+    assert set(result["m3"]["trials"]) == {"float", "sparse", "dense_sparse", "colbert"}
+    assert 0 < result["splade"]["nonzeros_per_text"] < result["splade"]["vocabulary"] / 10
+    for group in ("minilm", "splade", "m3"):
+        trials = result[group]["trials"]
+        assert trials["float"]["to_float"] == 1.0
+        assert all(t["tokens_per_s"] > 0 and t["to_float"] > 0 for t in trials.values())

@@ -1,18 +1,22 @@
 """SPLADE: sparse rows equal to sentence-transformers' SparseEncoder, through the library and the
-server (TEI's /embed_sparse, OpenAI's sparse form), top-k, and the errors of asking a model for
-rows it does not give."""
+server (TEI's /embed_sparse, OpenAI's sparse form), top-k, what leaves the device for them (each
+row's non-zeros, not the vocabulary), and the errors of asking a model for rows it does not
+give."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from embedx import Embedder
 from embedx.engine import SparseRow
+from embedx.engine.compact_rows import FIRST_CAPACITY, Compactor
 from embedx.errors import InvalidModel, InvalidOption, WrongModelTask
 from tests.support.models import SPLADE_POOLINGS, build_tiny_splade
 from tests.support.server import InProcess, assert_envelope, in_process, post, running_server
@@ -108,6 +112,124 @@ def test_top_k_keeps_each_rows_largest_weights_in_index_order(
         assert np.all(np.diff(top.indices) > 0)
         assert np.isin(top.indices, whole.indices).all()
         assert top.values.min() >= np.sort(whole.values)[-5]
+
+
+# -- what leaves the device -------------------------------------------------------------------
+
+
+def synthetic_rows(counts: list[int], vocab: int = 30522) -> torch.Tensor:
+    """(B, V) rows of SPLADE's kind: row b has counts[b] weights above 0, the rest 0."""
+    rng = np.random.default_rng(0)
+    rows = np.zeros((len(counts), vocab), np.float32)
+    for b, count in enumerate(counts):
+        rows[b, rng.choice(vocab, count, replace=False)] = rng.uniform(0.01, 3, count)
+    return torch.from_numpy(rows)
+
+
+def cut_and_read(compactor: Compactor, rows: torch.Tensor, top_k: int | None = None) -> Any:
+    block = compactor.cut(rows, top_k)
+    compactor.keep(0, block, rows)
+    return block, compactor.taken(block)
+
+
+def test_each_row_leaves_the_device_as_its_non_zeros_within_the_capacity() -> None:
+    rows = synthetic_rows([3, 40, 0, 120])
+    compactor = Compactor()
+    block, read = cut_and_read(compactor, rows)
+    k = compactor.capacity
+    assert k == FIRST_CAPACITY
+    assert block.numel() == 1 + len(rows) * (1 + 2 * k)  # k weights and ids a row, and its count
+    assert block.numel() < rows.numel() / 50
+    for b in range(len(rows)):
+        assert_same_row(read.row(b, None), rows[b].numpy())
+        assert_same_row(read.row(b, 2), rows[b].numpy(), top=2)
+
+
+def test_with_top_k_each_row_sends_at_most_k_weights() -> None:
+    rows = synthetic_rows([3, 40, 0, 120])
+    block, read = cut_and_read(Compactor(), rows, top_k=5)
+    assert block.numel() == 1 + len(rows) * (1 + 2 * 5)
+    for b in range(len(rows)):
+        assert_same_row(read.row(b, 5), rows[b].numpy(), top=5)
+
+
+def test_a_row_past_the_capacity_comes_whole_and_the_capacity_grows_to_cover_it() -> None:
+    rows = synthetic_rows([10, FIRST_CAPACITY + 44, 7])
+    compactor = Compactor()
+    _, read = cut_and_read(compactor, rows)
+    for b in range(len(rows)):
+        assert_same_row(read.row(b, None), rows[b].numpy())
+    assert compactor.capacity == 2 * FIRST_CAPACITY  # a power of two, at most twice the most
+    block, read = cut_and_read(compactor, rows)
+    assert block.numel() == 1 + len(rows) * (1 + 4 * FIRST_CAPACITY)
+    assert_same_row(read.row(1, None), rows[1].numpy())
+
+
+def test_rows_too_full_for_a_cut_come_back_whole() -> None:
+    rows = synthetic_rows([500, 900], vocab=1000)
+    compactor = Compactor()
+    compactor.capacity = 512  # 2k + 1 >= V: a cut would send more than the rows
+    block, read = cut_and_read(compactor, rows)
+    assert block.numel() == 1 + rows.numel()
+    assert_same_row(read.row(1, None), rows[1].numpy())
+
+
+def assert_same_row(row: SparseRow, whole: np.ndarray, top: int | None = None) -> None:
+    indices = np.flatnonzero(whole)
+    if top is not None and len(indices) > top:
+        indices = np.sort(np.argsort(-whole)[:top])
+    assert row.indices.dtype == np.int64
+    assert row.indices.tolist() == indices.tolist()
+    assert np.array_equal(row.values, whole[indices])
+
+
+@pytest.fixture
+def blocks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """(texts, vocabulary, floats sent) of each batch the engine's Compactor cuts."""
+    seen: list[tuple[int, int, int]] = []
+    cut = Compactor.cut
+
+    def recorded(self: Compactor, rows: torch.Tensor, top_k: int | None) -> torch.Tensor:
+        block = cut(self, rows, top_k)
+        seen.append((rows.shape[0], rows.shape[1], block.numel()))
+        return block
+
+    monkeypatch.setattr(Compactor, "cut", recorded)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def sparser(splade: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The max-relu model with its decoder's bias lowered: 10 to 140 weights a row of 801, as a
+    trained SPLADE's are few."""
+    from safetensors.torch import load_file, save_file
+
+    directory = tmp_path_factory.mktemp("sparser") / "splade"
+    shutil.copytree(splade["max-relu"], directory)
+    tensors = load_file(str(directory / "model.safetensors"))
+    for name in ("cls.predictions.bias", "cls.predictions.decoder.bias"):
+        if name in tensors:
+            tensors[name] = tensors[name] - 0.4
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+def test_sparse_rows_cut_on_the_device_equal_sparse_encoders_and_send_no_vocabulary(
+    sparser: Path, texts: list[str], blocks: list[tuple[int, int, int]]
+) -> None:
+    expected = sparse_encoder_rows(sparser, texts)
+    counts = np.count_nonzero(expected, axis=1)
+    assert 0 < counts.max() <= FIRST_CAPACITY < expected.shape[1] / 2  # the cut's own case
+    with Embedder(sparser) as embedder:
+        rows = embedder.embed_sparse(texts)
+        pruned = embedder.embed_sparse(texts, top_k=4)
+    assert np.abs(dense(rows, expected.shape[1]) - expected).max() < TOLERANCE
+    assert [len(row.indices) for row in rows] == counts.tolist()
+    assert [len(row.indices) for row in pruned] == np.minimum(counts, 4).tolist()
+    *whole, last = blocks  # the smoke test's batch and the first request's; the second's
+    for count, vocab, sent in whole:  # each row: its count, and as many weights and ids
+        assert sent == 1 + count * (1 + 2 * FIRST_CAPACITY) < count * vocab
+    assert last[2] == 1 + last[0] * (1 + 2 * 4)  # top_k 4: 4 weights a row
 
 
 def test_asking_a_model_for_rows_it_does_not_give_is_an_error(

@@ -19,6 +19,8 @@ from embedx.scheduling import Item, Job
 if TYPE_CHECKING:
     import torch
 
+    from embedx.engine.compact_rows import VocabRows
+
 # Makes the (N, width) uint8 array a request's encoded rows are written into (its base64 rows:
 # a view into a response laid out around them, server/protocol/openai.py), so that each row is
 # copied once.
@@ -71,11 +73,13 @@ class RowForm:
     """What a device makes of a batch's rows before they come back: L2-normalized (`unit`),
     then given in `encodings` (`ENCODINGS`' names, in its order): float32 rows as they are,
     any other as each row's bytes, every encoding's side by side. With `outputs` beyond dense
-    rows, a flat block of them, left raw (engine/sparse_rows.py)."""
+    rows, a flat block of them, left raw (engine/sparse_rows.py), SPLADE's rows cut to their
+    non-zeros, or to `top_k` (engine/compact_rows.py)."""
 
     unit: bool = False
     encodings: tuple[str, ...] = FLOAT
     outputs: tuple[str, ...] = sparse_rows.DENSE
+    top_k: int | None = None  # the most weights a sparse row of the batch keeps
 
     @property
     def encoded(self) -> bool:
@@ -146,7 +150,7 @@ class OutputSpec:
         """What the device makes of this request's rows: finished ones at full width; raw
         ones to be cut, which are normalized and encoded on the host after the cut."""
         if self.multi is not None:
-            return RowForm(outputs=self.multi.outputs)
+            return RowForm(outputs=self.multi.outputs, top_k=self.multi.top_k)
         if self.cut:
             return FLOATS
         return RowForm(unit=self.normalize or self.model_normalizes, encodings=self.encodings)
@@ -305,15 +309,21 @@ def batch_form(items: Sequence[Item], sole: Job | None) -> RowForm:
         return forms.pop()
     wanted = {output for form in forms for output in form.outputs}
     if wanted != {"dense"}:  # every request's outputs in one block
-        return RowForm(outputs=tuple(o for o in sparse_rows.OUTPUTS if o in wanted))
+        tops = [form.top_k for form in forms if "sparse" in form.outputs]
+        top_k = None if None in tops else max(cast("list[int]", tops))
+        return RowForm(outputs=tuple(o for o in sparse_rows.OUTPUTS if o in wanted), top_k=top_k)
     return RowForm(unit=bool(forms) and all(form.unit for form in forms))
 
 
-def write_batch(items: Sequence[Item], sole: Job | None, rows: np.ndarray, form: RowForm) -> None:
+def write_batch(
+    items: Sequence[Item], sole: Job | None, rows: np.ndarray, form: RowForm,
+    vocab: VocabRows | None = None,
+) -> None:  # fmt: skip
     """Write a finished batch's rows into its live requests' rows; `sole` is the one request
-    of all its items, if there is one (`sole_job`)."""
+    of all its items, if there is one (`sole_job`); `vocab`, its SPLADE rows, read from `rows`
+    (Replica.taken)."""
     if form.outputs != sparse_rows.DENSE:
-        _write_block(items, rows, form)
+        _write_block(items, rows, form, vocab)
         return
     if sole is not None:
         out = rows_of(sole)
@@ -325,7 +335,9 @@ def write_batch(items: Sequence[Item], sole: Job | None, rows: np.ndarray, form:
         out.write(indices, rows[picked], form)
 
 
-def _write_block(items: Sequence[Item], block: np.ndarray, form: RowForm) -> None:
+def _write_block(
+    items: Sequence[Item], block: np.ndarray, form: RowForm, vocab: VocabRows | None
+) -> None:
     """A batch's block of several outputs read into its live requests' rows; one that wants
     dense rows alone takes them as raw floats."""
     requests = _by_request(items)
@@ -333,8 +345,9 @@ def _write_block(items: Sequence[Item], block: np.ndarray, form: RowForm) -> Non
                  None)  # fmt: skip
     if multi is None:
         return  # every request that asked beyond dense rows is gone
+    assert multi.vocab_rows == (vocab is not None), "SPLADE's rows not read as such: a bug"
     width = requests[0][0].spec.width
-    parts = sparse_rows.Block(items, block, form.outputs, width, multi.vocab_rows)
+    parts = sparse_rows.Block(items, block, form.outputs, width, vocab)
     for out, indices, picked in requests:
         if isinstance(out, sparse_rows.MultiRows):
             out.write_block(parts, indices, picked)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 from embedx.devices import Accelerator
+from embedx.engine.compact_rows import Compactor, VocabRows
 from embedx.engine.outputs import FLOATS, RowForm, finish_on_device
 from embedx.models.packing import HostBatch, Staging, pack, to_device
 
@@ -36,6 +37,8 @@ class ManyOutputs(Protocol):
     """A model that gives more than dense rows: SPLADE's (models/splade.py), BGE-M3's
     (models/m3.py)."""
 
+    vocab_rows: bool  # its sparse rows are (B, V), cut by the engine (engine/compact_rows.py)
+
     def forward_outputs(self, batch: PackedBatch, outputs: tuple[str, ...]) -> torch.Tensor:
         """(N, W) float32: the batch's `outputs`, flat, as engine/sparse_rows.py reads them."""
         ...
@@ -47,6 +50,8 @@ class Replica:
     def __init__(self, accelerator: Accelerator, model: ReplicaModel) -> None:
         self.accelerator = accelerator
         self.model = model
+        vocab_rows = isinstance(model, ManyOutputs) and model.vocab_rows
+        self.compactor = Compactor() if vocab_rows else None
         cuda = accelerator.device.type == "cuda"
         self.staging = [Staging() for _ in range(accelerator.max_inflight)] if cuda else []
 
@@ -61,13 +66,24 @@ class Replica:
         """Enqueue one batch (on the accelerator's stream): its rows, made into `form` there,
         land in host memory."""
         batch = to_device(host, self.accelerator.device)
+        vocab_rows = None
         if form.outputs == FLOATS.outputs:
             rows = finish_on_device(self.model.forward(batch), form)  # (B, D) float32 in
         else:  # a block of several outputs (engine/sparse_rows.py), left raw
             assert isinstance(self.model, ManyOutputs), "outputs asked of a dense model: a bug"
             rows = self.model.forward_outputs(batch, form.outputs)
-        if not self.staging:
-            return rows
-        out = self.staging[slot].output(len(rows), rows.shape[1], rows.dtype)
-        out.copy_(rows, non_blocking=True)
+            if self.compactor is not None:  # SPLADE's (B, V): each row's non-zeros leave
+                vocab_rows, rows = rows, self.compactor.cut(rows, form.top_k)
+        out = rows
+        if self.staging:
+            out = self.staging[slot].output(len(rows), rows.shape[1], rows.dtype)
+            out.copy_(rows, non_blocking=True)
+        if vocab_rows is not None:
+            assert self.compactor is not None
+            self.compactor.keep(slot, out, vocab_rows)
         return out
+
+    def taken(self, out: torch.Tensor) -> VocabRows | None:
+        """A delivered batch's SPLADE rows, read from its output (`run`'s, now finished);
+        None for any other batch."""
+        return None if self.compactor is None else self.compactor.taken(out)

@@ -4,8 +4,9 @@ batch's flat block from the device is read back into each request's rows on the 
 are finished (top-k, normalized) once the request is whole.
 
 A batch's block holds the outputs its requests want, in `OUTPUTS`' order, each flattened:
-dense (B, D) rows; sparse (B, V) rows (SPLADE) or (T,) token weights (BGE-M3); colbert (T, C)
-token vectors, a text's first token's among them (BGE-M3 gives none for it).
+dense (B, D) rows; sparse rows (SPLADE's, cut on the device to each row's non-zeros:
+engine/compact_rows.py) or (T,) token weights (BGE-M3: one float a token, merged by id here);
+colbert (T, C) token vectors, a text's first token's among them (BGE-M3 gives none for it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from embedx.errors import InvalidOption, WrongModelTask
 
 if TYPE_CHECKING:
+    from embedx.engine.compact_rows import VocabRows
     from embedx.engine.outputs import OutputSpec
     from embedx.models.task import ModelTask
     from embedx.scheduling import Item
@@ -85,13 +87,13 @@ def settle_outputs(
 
 class Block:
     """A finished batch's flat block, cut into its outputs: views of the device's buffer, valid
-    until its next launch."""
+    until its next launch. SPLADE's rows are read through `vocab` (its whole block)."""
 
-    __slots__ = ("colbert", "cu", "dense", "ids", "sparse")
+    __slots__ = ("colbert", "cu", "dense", "ids", "sparse", "vocab")
 
     def __init__(
         self, items: Sequence[Item], block: np.ndarray, outputs: tuple[str, ...],
-        width: int, vocab_rows: bool,
+        width: int, vocab: VocabRows | None,
     ) -> None:  # fmt: skip
         count = len(items)
         lengths = np.fromiter((item.length for item in items), np.intp, count)
@@ -104,10 +106,10 @@ class Block:
         if "dense" in outputs:
             self.dense = flat[: count * width].reshape(count, width)
             start = count * width
-        if "sparse" in outputs:
-            end = len(flat) if vocab_rows else start + tokens
-            self.sparse = flat[start:end].reshape(count, -1) if vocab_rows else flat[start:end]
-            start = end
+        self.vocab = vocab
+        if "sparse" in outputs and vocab is None:
+            self.sparse = flat[start : start + tokens]
+            start += tokens
         if "colbert" in outputs:
             self.colbert = flat[start:].reshape(tokens, -1)
 
@@ -141,8 +143,8 @@ class MultiRows:
         for index, row in zip(indices.tolist(), picked.tolist(), strict=True):
             start, end = int(block.cu[row]), int(block.cu[row + 1])
             if "sparse" in outputs:
-                if self.multi.vocab_rows:
-                    self.sparse[index] = _nonzero(block.sparse[row])
+                if block.vocab is not None:
+                    self.sparse[index] = block.vocab.row(row, self.multi.top_k)
                 else:
                     weights = block.sparse[start:end]
                     self.sparse[index] = _merged(block.ids[row], weights, self.multi.unweighted)
@@ -178,11 +180,6 @@ class MultiRows:
 
 _EMPTY = SparseRow(np.zeros(0, np.int64), np.zeros(0, np.float32))
 _NO_VECTORS = np.zeros((0, 0), np.float32)
-
-
-def _nonzero(row: np.ndarray) -> SparseRow:
-    indices = np.flatnonzero(row)
-    return SparseRow(indices.astype(np.int64), row[indices].astype(np.float32))
 
 
 def _merged(ids: np.ndarray, weights: np.ndarray, unweighted: tuple[int, ...]) -> SparseRow:

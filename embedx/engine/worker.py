@@ -130,7 +130,7 @@ class DeviceWorker:
         if not self.queue.holds(claim):
             return  # revoked: the device was quarantined, others ran these items
         rows = output.numpy()  # host memory: pinned staging, valid until the next launch
-        write_batch(claim.items, batch.sole_job, rows, batch.form)
+        write_batch(claim.items, batch.sole_job, rows, batch.form, self.replica.taken(output))
         self.batch_tokens.observe(claim.tokens)
         self.batch_items.observe(len(claim.items))
         self.queue.complete(claim, seconds)

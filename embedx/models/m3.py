@@ -101,6 +101,8 @@ class M3Model(EmbeddingModel):
     """An embedding model with BGE-M3's heads: `forward` gives its dense rows alone;
     `forward_outputs` any of dense, sparse and colbert from one pass."""
 
+    vocab_rows = False  # its sparse output is already one weight a token: (T,), not (B, V)
+
     def __init__(
         self,
         files: ModelFiles,

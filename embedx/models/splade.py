@@ -73,6 +73,7 @@ class SpladeModel:
     """One replica of a SPLADE model: packed texts in, (B, V) float32 sparse rows out."""
 
     one_row_per_text = False  # every token's logits count
+    vocab_rows = True  # (B, V) rows, which the engine cuts to their non-zeros on the device
 
     def __init__(
         self,
