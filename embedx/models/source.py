@@ -349,7 +349,8 @@ def _inspect(directory: Path, origin: str, revision: str | None) -> ModelFiles:
             pooling_config = _read_json(directory, f"{name}/config.json", origin)
             st_pooling = _st_pooling(pooling_config)
             pools_prompt = bool(pooling_config.get("include_prompt", True))
-        elif kind not in ("Transformer", "Pooling", "", "MLMTransformer", "SpladePooling"):
+        elif kind not in ("Transformer", "Pooling", "", "MLMTransformer", "SpladePooling",
+                          "LogitScore"):  # fmt: skip (read with the task: models/task.py)
             raise InvalidModel(
                 f"{origin}: sentence-transformers module {kind} is not supported", param="model"
             )
