@@ -242,7 +242,8 @@ def _template(rendered: Callable[[dict[str, str]], str], *, system: bool) -> Pai
     roles = ("system", "query", "document") if system else ("query", "document")
     text = rendered({role: MARKERS[role] for role in roles})
     query, document = MARKERS["query"], MARKERS["document"]
-    if text.count(query) != 1 or text.count(document) != 1 or text.find(query) > text.find(document):
+    once = text.count(query) == 1 and text.count(document) == 1
+    if not once or text.find(query) > text.find(document):
         raise InvalidModel(
             "the chat template does not render a pair's query once, then its document: "
             "sentence-transformers' query and document roles do not reach it as they should",

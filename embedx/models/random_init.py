@@ -258,8 +258,17 @@ def build_chatml_tokenizer(directory: Path, texts: Sequence[str], vocab_size: in
     """Write a Qwen-style tokenizer (byte-level BPE trained on `texts`, Qwen2's split, ChatML's
     special tokens, "yes" and "no" whole tokens) with the reranker's chat template into
     `directory`, as transformers saves one."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, processors, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
