@@ -37,10 +37,13 @@ class Reranker(LocalModel):
         *,
         raw: bool = False,
         truncate: bool = True,
+        instruction: str | None = None,
     ) -> np.ndarray:
         """The scores of (query, document) pairs, in order: (N,) for a model of one label,
-        (N, labels) for a classifier; a single pair gives a single row."""
-        return self._call(self._predict(pairs, raw, truncate))
+        (N, labels) for a classifier; a single pair gives a single row. `instruction`: a
+        causal-LM reranker's (Qwen3-Reranker's) task, its chat template's system message, as
+        CrossEncoder's `prompt`; None: the model's default."""
+        return self._call(self._predict(pairs, raw, truncate, instruction))
 
     async def apredict(
         self,
@@ -48,9 +51,10 @@ class Reranker(LocalModel):
         *,
         raw: bool = False,
         truncate: bool = True,
+        instruction: str | None = None,
     ) -> np.ndarray:
         """`predict` for async code."""
-        return await self._await(self._predict(pairs, raw, truncate))
+        return await self._await(self._predict(pairs, raw, truncate, instruction))
 
     def rank(
         self,
@@ -60,11 +64,13 @@ class Reranker(LocalModel):
         top_k: int | None = None,
         return_documents: bool = False,
         truncate: bool = True,
+        instruction: str | None = None,
     ) -> list[dict[str, Any]]:
         """`documents` by their score against `query`, best first, as CrossEncoder.rank gives
         them: `{"corpus_id": index, "score": score}` (and `"text"` with return_documents),
-        the first `top_k` only where it is given."""
-        return self._call(self._rank(query, documents, top_k, return_documents, truncate))
+        the first `top_k` only where it is given; `instruction` as `predict` takes it."""
+        ranked = self._rank(query, documents, top_k, return_documents, truncate, instruction)
+        return self._call(ranked)
 
     async def arank(
         self,
@@ -74,12 +80,18 @@ class Reranker(LocalModel):
         top_k: int | None = None,
         return_documents: bool = False,
         truncate: bool = True,
+        instruction: str | None = None,
     ) -> list[dict[str, Any]]:
         """`rank` for async code."""
-        return await self._await(self._rank(query, documents, top_k, return_documents, truncate))
+        ranked = self._rank(query, documents, top_k, return_documents, truncate, instruction)
+        return await self._await(ranked)
 
     async def _predict(
-        self, pairs: Sequence[tuple[str, str]] | tuple[str, str], raw: bool, truncate: bool
+        self,
+        pairs: Sequence[tuple[str, str]] | tuple[str, str],
+        raw: bool,
+        truncate: bool,
+        instruction: str | None = None,
     ) -> np.ndarray:
         single = _is_pair(pairs)
         batch: Any = [pairs] if single else pairs
@@ -87,7 +99,8 @@ class Reranker(LocalModel):
         check_flag("truncate", truncate)
         if isinstance(batch, Sequence) and all(_is_pair(pair) for pair in batch):
             check_unicode([side for pair in batch for side in pair])
-        scores = (await self._engine.score(batch, ScoreOptions(truncate, raw))).scores
+        options = ScoreOptions(truncate, raw, instruction)
+        scores = (await self._engine.score(batch, options)).scores
         if scores.shape[1] == 1:
             scores = scores[:, 0]
         return scores[0] if single else scores
@@ -99,6 +112,7 @@ class Reranker(LocalModel):
         top_k: int | None,
         return_documents: bool,
         truncate: bool,
+        instruction: str | None,
     ) -> list[dict[str, Any]]:
         if len(self.labels) != 1:
             raise InvalidOption(
@@ -112,7 +126,8 @@ class Reranker(LocalModel):
             )
         if isinstance(documents, str) or not isinstance(documents, Sequence):
             raise InvalidOption("documents must be a list of strings", param="documents")
-        scores = await self._predict([(query, doc) for doc in documents], False, truncate)
+        pairs = [(query, doc) for doc in documents]
+        scores = await self._predict(pairs, False, truncate, instruction)
         order = np.argsort(-scores, kind="stable")[:top_k]
         return [
             {"corpus_id": int(i), "score": float(scores[i]),

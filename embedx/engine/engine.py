@@ -40,6 +40,7 @@ from embedx.errors import (
     WrongModelTask,
 )
 from embedx.models.catalog import ModelSpec
+from embedx.models.chat_pairs import scored_inputs
 from embedx.models.heads import ScoringModel
 from embedx.models.loader import embedding_model
 from embedx.models.pairs import reads_token_types
@@ -165,9 +166,7 @@ class Engine:
         pooling = Pooling.SPLADE if task.splade else spec.pooling if task.kind == "embed" else None
         prompted = Prompts.of(spec, files, options.wrapping).wraps
         length = checked_length(spec, task, pooling, files, prompted)
-        tokenizer = await open_tokenizer(
-            spec, files, length, pairs=task.kind == "score", token_types=token_types
-        )
+        tokenizer = await open_tokenizer(spec, files, length, task, token_types=token_types)
         engine = cls(spec, files, tokenizer, task, pooling, options)
         engine.accelerators = list(accelerators)  # closed with it
 
@@ -290,7 +289,7 @@ class Engine:
         options = options or ScoreOptions()
         self._check_ready()
         _check_task(self, "score", name or self.spec.name)
-        pairs = checked_scored(inputs)
+        pairs = scored_inputs(self.tokenizer, checked_scored(inputs), options.instruction)
         spec = outputs.scores(self.dimensions, "identity" if options.raw else self.task.activation)
         result = await self._run(pairs, spec, options.truncate)
         return ScoreResult(

@@ -16,6 +16,7 @@ from embedx.engine.probe import Probed, ProbePlan, probe
 from embedx.engine.replica import Replica, ReplicaModel
 from embedx.errors import EmbedxError, InvalidModel, InvalidOption, ModelUnavailable
 from embedx.models.catalog import ModelSpec
+from embedx.models.chat_pairs import ChatPairTokenizer
 from embedx.models.loader import dtype_on, max_tokens, weight_bytes
 from embedx.models.pairs import pair_max_length
 from embedx.models.pooling import Pooling
@@ -81,12 +82,18 @@ def checked_length(
 
 
 async def open_tokenizer(
-    spec: ModelSpec, files: ModelFiles, length: int, *, pairs: bool, token_types: bool
+    spec: ModelSpec, files: ModelFiles, length: int, task: ModelTask, *, token_types: bool
 ) -> TextTokenizer:
+    """The model's tokenizer: of texts, of pairs, or of pairs rendered in its chat template (a
+    causal-LM reranker's)."""
+    pairs = task.kind == "score"
+    opened: Callable[[], TextTokenizer] = partial(
+        TextTokenizer, files, length, pairs=pairs, token_types=token_types
+    )
+    if task.logit_score is not None:
+        opened = partial(ChatPairTokenizer, files, length)
     try:
-        return await asyncio.to_thread(
-            partial(TextTokenizer, files, length, pairs=pairs, token_types=token_types)
-        )
+        return await asyncio.to_thread(opened)
     except Exception as exc:  # a tokenizer.json the tokenizers package cannot read
         raise unbuildable(spec.name, exc) from exc
 

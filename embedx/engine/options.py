@@ -54,6 +54,7 @@ class ScoreOptions:
 
     truncate: bool = True  # False: an over-long pair is an error, not cut
     raw: bool = False  # the logits, not the model's activation of them
+    instruction: str | None = None  # a causal-LM reranker's system prompt; None: its default
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """A sequence-classification model on one device: the packed BERT-family encoder with its
-classification head (or transformers for other architectures), one call: packed pairs in,
-(B, labels) logits out."""
+classification head (or transformers for other architectures; a causal LM's yes/no logits,
+causal_scorer.py), one call: packed pairs in, (B, labels) logits out."""
 
 from __future__ import annotations
 
@@ -123,8 +123,15 @@ class ScoringModel:
         self.reads_token_types = token_types
         self.dimensions = len(task.labels)  # a row of logits per pair
         target = torch_dtype(dtype)
-        native = _native_config(files, implementation)
         self.scorer: Scorer
+        if task.logit_score is not None:  # a causal LM's yes/no logits (causal_scorer.py)
+            from embedx.models.causal_scorer import logit_scorer
+
+            self.scorer, self.implementation = logit_scorer(
+                files, device, target, task.logit_score, implementation
+            )
+            return
+        native = _native_config(files, implementation)
         if native is not None:
             names = HEADS[files.config["model_type"]]
             weights = list(files.weights)

@@ -230,3 +230,84 @@ def _write_sentence_transformers_configs(directory: Path, hidden: int, pooling: 
     (directory / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": 512, "do_lower_case": False})
     )
+
+
+# Qwen3-Reranker's chat template, as sentence-transformers' tests give it: a pair's query and
+# document by role, the instruction from a system message (else its own default), and the
+# assistant turn the yes/no logits are read after.
+RERANKER_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n"
+    '<Instruct>: {{ messages | selectattr("role", "eq", "system") | map(attribute="content") '
+    '| first | default("Given a web search query, retrieve relevant passages that answer the '
+    'query") }}\n'
+    '<Query>: {{ messages | selectattr("role", "eq", "query") | map(attribute="content") '
+    "| first }}\n"
+    '<Document>: {{ messages | selectattr("role", "eq", "document") | map(attribute="content") '
+    "| first }}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n\n"
+)  # Jinja drops the last newline: the assistant turn ends in "</think>\n\n", as Qwen's
+# Qwen2's pre-tokenizer split, before the byte-level mapping
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def build_chatml_tokenizer(directory: Path, texts: Sequence[str], vocab_size: int = 1000) -> None:
+    """Write a Qwen-style tokenizer (byte-level BPE trained on `texts`, Qwen2's split, ChatML's
+    special tokens, "yes" and "no" whole tokens) with the reranker's chat template into
+    `directory`, as transformers saves one."""
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator([*texts, *["yes", "no"] * 50], trainer)  # each a token
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokenizer.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in specials])
+    tokenizer.add_tokens([AddedToken(t, normalized=False) for t in ("<think>", "</think>")])
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    settings = {"tokenizer_class": "Qwen2Tokenizer", "model_max_length": 131072,
+                "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
+                "unk_token": None, "add_prefix_space": False}  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=1))
+    (directory / "chat_template.jinja").write_text(RERANKER_TEMPLATE)
+
+
+def build_causal_lm(shape: str, directory: Path, tokenizer_from: Path, *, tiny: bool = False,
+                    seed: int = 0) -> None:  # fmt: skip
+    """Write a random `shape` *ForCausalLM (a Qwen3-Reranker's kind), as transformers saves one,
+    with the tokenizer (and chat template) of `tokenizer_from`, into `directory`."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    spec = {key: value for key, value in SHAPES[shape].items() if key != "pooling"}
+    _save(AutoModelForCausalLM, spec, directory, tokenizer_from, tiny=tiny, device="cpu",
+          seed=seed)  # fmt: skip
+    if spec.get("tie_word_embeddings"):  # the head is the word embeddings: saved once, as Qwen's
+        path = directory / "model.safetensors"
+        tensors = load_file(str(path))
+        del tensors["lm_head.weight"]
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    if (tokenizer_from / "chat_template.jinja").is_file():
+        shutil.copy(tokenizer_from / "chat_template.jinja", directory / "chat_template.jinja")

@@ -349,7 +349,7 @@ def _inspect(directory: Path, origin: str, revision: str | None) -> ModelFiles:
             pooling_config = _read_json(directory, f"{name}/config.json", origin)
             st_pooling = _st_pooling(pooling_config)
             pools_prompt = bool(pooling_config.get("include_prompt", True))
-        elif kind not in ("Transformer", "Pooling", "", "MLMTransformer", "SpladePooling"):
+        elif kind not in ST_MODULES:
             raise InvalidModel(
                 f"{origin}: sentence-transformers module {kind} is not supported", param="model"
             )
@@ -398,6 +398,8 @@ def _st_prompts(directory: Path, origin: str) -> tuple[dict[str, str], str | Non
     return prompts, default
 
 
+# modules read elsewhere, or nothing to read: a LogitScore with the task (models/task.py)
+ST_MODULES = ("Transformer", "Pooling", "", "MLMTransformer", "SpladePooling", "LogitScore")
 ST_POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
                     "pooling_mode_lasttoken": "last_token", "pooling_mode_max_tokens": "max",
                     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",

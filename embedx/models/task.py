@@ -9,9 +9,12 @@ and SpladePooling, whose config says max or sum, relu or log1p_relu), or when it
 or first request states `pooling = "splade"` (then max and relu, SPLADE v2's); either way its
 architecture must be a `*ForMaskedLM`.
 
-A model scores pairs when its config's first architecture is a `*ForSequenceClassification`;
-any other architecture embeds. Its labels are transformers' reading of the config: `id2label`
-in id order, else `num_labels` (2 if unset) labels named LABEL_i.
+A model scores pairs when its config's first architecture is a `*ForSequenceClassification`,
+or when sentence-transformers saved it as a CrossEncoder of a `*ForCausalLM` and a LogitScore
+module (Qwen3-Reranker's kind: the logit of its "yes" token less that of its "no" token after
+the chat-template render of the pair, one label); any other architecture embeds (a causal LM
+with no such files among them). A classifier's labels are transformers' reading of the
+config: `id2label` in id order, else `num_labels` (2 if unset) labels named LABEL_i.
 
 The activation follows sentence-transformers' CrossEncoder (6.2), which takes the first of:
   1. a saved CrossEncoder's `activation_fn` in config_sentence_transformers.json (read where
@@ -38,7 +41,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import numpy as np
 
@@ -67,6 +70,15 @@ class Splade:
 
 
 @dataclass(frozen=True, slots=True)
+class LogitScore:
+    """sentence-transformers' LogitScore: a causal LM's last-token logit of `true_id`, less that
+    of `false_id` where it has one."""
+
+    true_id: int
+    false_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class ModelTask:
     """What a model is for. A scoring model has one label per logit, in logit order."""
 
@@ -76,6 +88,7 @@ class ModelTask:
     outputs: tuple[str, ...] = DENSE  # what rows an embedder gives: dense, sparse, colbert
     splade: Splade | None = None  # a sparse model's pooling
     unweighted: tuple[int, ...] = ()  # token ids BGE-M3's sparse rows leave out
+    logit_score: LogitScore | None = None  # a causal-LM reranker's yes/no tokens
 
 
 EMBEDDING = ModelTask("embed")
@@ -93,13 +106,21 @@ def task_of(config: dict[str, Any], directory: Path) -> ModelTask:
         _masked_lm(architectures, "a sentence-transformers SparseEncoder")
         return ModelTask("sparse", outputs=SPARSE, splade=splade)
     saved = saved_cross_encoder(directory)
-    if not architectures or not architectures[0].endswith("ForSequenceClassification"):
+    logit_score = saved_logit_score(directory) if saved is not None else None
+    if logit_score is not None:
+        if not architectures or not architectures[0].endswith("ForCausalLM"):
+            raise InvalidModel(
+                f"a CrossEncoder's LogitScore module reads a causal LM's logits; this model's "
+                f"architecture is {architectures[0] if architectures else 'none'}"
+            )
+    elif not architectures or not architectures[0].endswith("ForSequenceClassification"):
         declared = saved is not None or _config_activation(config) is not None
         if declared:  # a CrossEncoder of another kind (a causal LM's yes/no logits, say)
             architecture = architectures[0] if architectures else "none"
             raise InvalidModel(
                 f"the model is a sentence-transformers CrossEncoder of architecture "
-                f"{architecture}: embedx scores pairs only with *ForSequenceClassification models"
+                f"{architecture}: embedx scores pairs with *ForSequenceClassification models, "
+                "and causal LMs saved with a LogitScore module"
             )
         from embedx.models.m3 import found_heads  # BGE-M3's heads beside its weights
 
@@ -107,7 +128,7 @@ def task_of(config: dict[str, Any], directory: Path) -> ModelTask:
         if heads is None:
             return EMBEDDING
         return ModelTask("embed", outputs=heads.outputs, unweighted=heads.unweighted)
-    labels = _labels(config)
+    labels = ("LABEL_0",) if logit_score is not None else _labels(config)  # ST: num_labels 1
     path = saved.get("activation_fn") if saved is not None else None
     if path is None:
         path = _config_activation(config)
@@ -117,7 +138,7 @@ def task_of(config: dict[str, Any], directory: Path) -> ModelTask:
         activation = _activation(path)
         if activation == "identity" and len(labels) > 1:
             activation = "softmax"
-    return ModelTask("score", labels, activation)
+    return ModelTask("score", labels, activation, logit_score=logit_score)
 
 
 def saved_cross_encoder(directory: Path) -> dict[str, Any] | None:
@@ -135,12 +156,37 @@ def saved_cross_encoder(directory: Path) -> dict[str, Any] | None:
     listed = modules if isinstance(modules, list) else [modules]
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] if isinstance(m, dict) else m
              for m in listed]  # fmt: skip
-    if kinds != ["Transformer"]:
+    if kinds not in (["Transformer"], ["Transformer", "LogitScore"]):
         raise InvalidModel(
-            f"{modules_path}: a CrossEncoder of modules {kinds}: embedx runs only a single "
-            "Transformer module, the sequence-classification model itself"
+            f"{modules_path}: a CrossEncoder of modules {kinds}: embedx runs a single "
+            "Transformer module (the sequence-classification model itself), or a causal LM's "
+            "Transformer and LogitScore"
         )
     return settings
+
+
+def saved_logit_score(directory: Path) -> LogitScore | None:
+    """The LogitScore module of a saved CrossEncoder (`saved_cross_encoder`'s modules), if it
+    has one: its token ids, as its config.json states them."""
+    listed = read_json(directory / "modules.json")
+    listed = listed if isinstance(listed, list) else [listed]
+    if len(listed) != 2:
+        return None
+    path = directory / str(listed[1].get("path", "")) / "config.json"
+    module = read_json(path)
+    module = module if isinstance(module, dict) else {}
+    true_id, false_id = module.get("true_token_id"), module.get("false_token_id")
+    if not _token_id(true_id) or (false_id is not None and not _token_id(false_id)):
+        raise InvalidModel(f"{path}: true_token_id {true_id!r} and false_token_id {false_id!r} "
+                           "are not token ids")  # fmt: skip
+    reads = module.get("module_input_name", "causal_logits")
+    if reads != "causal_logits":
+        raise InvalidModel(f"{path}: a LogitScore that reads {reads!r}, not the causal logits")
+    return LogitScore(true_id, false_id)
+
+
+def _token_id(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def saved_sparse_encoder(directory: Path) -> Splade | None:

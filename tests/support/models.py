@@ -121,3 +121,21 @@ def build_tiny_m3(root: Path, texts: list[str]) -> Path:
     for name, width in (("colbert_linear", hidden), ("sparse_linear", 1)):
         torch.save(torch.nn.Linear(hidden, width).state_dict(), directory / f"{name}.pt")
     return directory
+
+
+def build_tiny_causal_reranker(root: Path, texts: list[str], max_length: int = 400) -> Path:
+    """A tiny random Qwen3 causal LM saved as sentence-transformers saves a Qwen3-Reranker-style
+    CrossEncoder (its Transformer and LogitScore modules), with a byte-level BPE tokenizer
+    trained on `texts` ("yes" and "no" whole tokens) and Qwen3-Reranker's chat template; pairs
+    cut at `max_length` tokens."""
+    from sentence_transformers import CrossEncoder
+
+    from embedx.models.random_init import build_causal_lm, build_chatml_tokenizer
+
+    build_chatml_tokenizer(root / "chatml", texts)
+    build_causal_lm("qwen3-0.6b", root / "causal-lm", root / "chatml", tiny=True)
+    directory = root / "causal-reranker"
+    CrossEncoder(str(root / "causal-lm"), device="cpu", max_length=max_length).save_pretrained(
+        str(directory)
+    )
+    return directory

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from embedx.errors import EmptyInput, InvalidInput, InvalidOption
+from embedx.models.prompts import MAX_INSTRUCTION
 from embedx.registry import LoadRequest
 from embedx.server.protocol.family import (
     CONTROL,
@@ -21,7 +22,7 @@ from embedx.server.protocol.family import (
     json_object,
     within_items,
 )
-from embedx.server.protocol.fields import Choice, Flag, Integer, Option
+from embedx.server.protocol.fields import Choice, Flag, Integer, Option, Text
 from embedx.server.protocol.schema import Described, operation
 
 Style = Literal["tei", "cohere", "infinity"]
@@ -42,6 +43,7 @@ class ScoreRequest:
     raw_scores: bool = False
     truncate: bool = True
     single: bool = False  # /predict given one input, not a list: one answer, not a list
+    instruction: str | None = None  # a causal-LM reranker's system prompt; None: its default
 
     @property
     def load(self) -> LoadRequest:
@@ -55,12 +57,14 @@ RERANK: dict[str, Option] = {
     "return_documents": Flag(default=False),
     "raw_scores": Flag(default=False),  # infinity's: the logits
     "truncate": Flag(default=True),
+    "instruction": Text(longest=MAX_INSTRUCTION),  # a causal-LM reranker's (Qwen3-Reranker's)
 }
 TEI_RERANK: dict[str, Option] = {
     "raw_scores": Flag(default=False),
     "return_text": Flag(default=False),
     "truncate": Flag(default=False),  # as TEI: an over-long pair is a 400 unless true
     "truncation_direction": Choice(("right", "Right")),
+    "instruction": Text(longest=MAX_INSTRUCTION),
 }
 PREDICT: dict[str, Option] = {
     "raw_scores": Flag(default=False),
@@ -94,6 +98,7 @@ def parse_cohere(data: dict[str, Any] | bytes, max_items: int) -> ScoreRequest:
         return_documents=options["return_documents"],
         raw_scores=options["raw_scores"],
         truncate=options["truncate"],
+        instruction=options["instruction"],
     )
 
 
@@ -108,6 +113,7 @@ def _tei_rerank(data: dict[str, Any], max_items: int) -> ScoreRequest:
         return_documents=options["return_text"],
         raw_scores=options["raw_scores"],
         truncate=options["truncate"],
+        instruction=options["instruction"],
     )
 
 

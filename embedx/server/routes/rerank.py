@@ -63,7 +63,7 @@ async def _score(
     """Lease the model (loading it on first use), wait for a slot, score: the model's name,
     the scores, and its labels."""
     model = request.model or _default_scorer(state)
-    options = ScoreOptions(truncate=request.truncate, raw=request.raw_scores)
+    options = ScoreOptions(request.truncate, request.raw_scores, request.instruction)
     with state.tei.request(len(request.inputs)) as record:
         async with state.registry.lease(model, request.load) as engine, state.admission.slot():
             try:
