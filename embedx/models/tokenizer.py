@@ -1,9 +1,8 @@
 """Texts, or (query, document) pairs, to token ids with the model's fast tokenizer: truncation
 (counted), texts far longer than the model reads tokenized from a window of their start
 (windows.py), and batch encoding off the event loop (but for small requests) on a thread of its
-own, one call at a time,
-shared (up to CALL_TEXTS inputs) by the requests that queue inputs while it runs; a second
-thread takes the ids out of each call while the next runs, so the loop gets arrays."""
+own, one call at a time, shared (up to CALL_TEXTS inputs) by the requests that queue inputs
+while it runs; a second thread takes the ids out of each call while the next runs."""
 
 from __future__ import annotations
 
@@ -51,9 +50,8 @@ CHUNKS_AHEAD = 2
 # the time; bench/load.py).
 CALL_TEXTS = 2048
 # A request of at most this many characters, arriving while the tokenizer's thread is idle,
-# is tokenized on the event loop: tens of microseconds, less than handing it to the thread
-# and back (two thread wake-ups). A busy thread takes it: its calls share the work of many
-# requests, off the loop.
+# is tokenized on the event loop: tens of microseconds, less than two thread wake-ups. A busy
+# thread takes it: its calls share many requests' work, off the loop.
 INLINE_CHARS = 2048
 # Where a model without tokenizer.json keeps its vocabulary (transformers converts these).
 SLOW_TOKENIZER_FILES = ("vocab.txt", "vocab.json", "*.model")
@@ -150,8 +148,7 @@ class TextTokenizer:
                 future.cancel()  # the caller stopped early: its texts leave the next call
 
     def _idle(self) -> bool:
-        """Whether the tokenizer's thread waits for texts (or has not started): a racy read,
-        at worst a small request tokenized where the other path would have done it."""
+        """Whether the tokenizer's thread waits for texts (or has not started); racy, harmless."""
         return not self._waiting and (self._thread is None or self._idle_since is not None)
 
     def idle_seconds(self) -> float:
@@ -237,8 +234,7 @@ class TextTokenizer:
 
     def _next_call(self) -> list[_Waiter]:
         """The waiters for the next call, in arrival order: whole ones up to CALL_TEXTS texts,
-        at least one. A caller that stopped waiting leaves the queue (a racy read, at worst
-        an unwanted text encoded)."""
+        at least one. A caller that stopped waiting leaves the queue (racy, harmless)."""
         batch: list[_Waiter] = []
         texts = 0
         waiting = self._waiting
@@ -333,8 +329,7 @@ class TextTokenizer:
             self._queued.notify()
 
     def encode_now(self, inputs: Sequence[Input], *, truncate: bool = True) -> Encoded:
-        """Blocking encode: small requests' on the event loop (`encode_chunks`), tests' and
-        bench/'s."""
+        """Blocking encode: small requests' on the loop (`encode_chunks`), tests', bench/'s."""
         encodings, unread = self._encode(list(inputs))
         return self._gather(encodings, truncate, 0, unread)
 
@@ -417,10 +412,10 @@ def _settle(future: asyncio.Future[Encoded], result: Encoded | BaseException) ->
 
 def _fits_inline(inputs: Sequence[Input]) -> bool:
     """Whether the inputs have at most INLINE_CHARS characters (counted until they pass it)."""
-    left = INLINE_CHARS
+    total = 0
     for item in inputs:
-        left -= len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
-        if left < 0:
+        total += len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
+        if total > INLINE_CHARS:
             return False
     return True
 
