@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from embedx import Embedder, Reranker
 from embedx.config import load_settings
 from embedx.devices import discover, open_accelerator
 from embedx.engine import EmbedOptions, Engine, EngineOptions, base64_rows
@@ -22,6 +23,11 @@ from embedx.models.catalog import ModelSpec
 from embedx.models.pooling import Pooling
 from embedx.models.source import resolve
 from tests.support.fakes import oom, spin_gpu, wrap
+from tests.support.models import (
+    build_sparser_splade,
+    build_tiny_causal_reranker,
+    build_tiny_splade,
+)
 from tests.support.reference import decoded, forward
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
@@ -309,3 +315,41 @@ async def test_a_scorer_on_the_gpu_scores_as_cross_encoder_does(
         async with cuda_engine(directory, dtype=dtype, max_seq_len=None) as engine:
             raw = (await engine.score(pairs, ScoreOptions(raw=True))).scores
         assert np.abs(raw - logits).max() < tolerance, dtype
+
+
+def test_splade_rows_cut_on_the_gpu_equal_sparse_encoders(
+    tmp_path: Path, reference_texts: list[str]
+) -> None:
+    """The device's cut (compact_rows.py): each row's non-zeros, exact, in float32."""
+    from sentence_transformers import SparseEncoder
+
+    splade = build_tiny_splade(tmp_path / "splade", reference_texts)
+    sparser = build_sparser_splade(splade["max-relu"], tmp_path / "sparser")
+    texts = [*reference_texts[:40], "a", "the the the"]
+    expected = SparseEncoder(str(sparser), device="cpu").encode(texts, convert_to_tensor=True)
+    expected = expected.to_dense().numpy()
+    with Embedder(sparser, dtype="float32", devices="0") as embedder:
+        rows = embedder.embed_sparse(texts)
+        pruned = embedder.embed_sparse(texts, top_k=4)
+    got = np.zeros_like(expected)
+    for i, row in enumerate(rows):
+        got[i, row.indices] = row.values
+    assert np.abs(got - expected).max() < 1e-4
+    counts = np.count_nonzero(expected, axis=1)
+    assert [len(row.indices) for row in pruned] == np.minimum(counts, 4).tolist()
+
+
+def test_a_causal_lm_reranker_on_the_gpu_scores_as_cross_encoder_does(
+    tmp_path: Path, reference_texts: list[str]
+) -> None:
+    """Qwen3-Reranker's shape on the packed Qwen3 code with flash attention: its yes/no
+    logits' scores, float32 equal to CrossEncoder's."""
+    from sentence_transformers import CrossEncoder
+
+    directory = build_tiny_causal_reranker(tmp_path, reference_texts)
+    long = " ".join(reference_texts[:30])
+    pairs = [(reference_texts[0], doc) for doc in reference_texts[1:20]] + [(long, long)]
+    expected = CrossEncoder(str(directory), device="cpu").predict(pairs)
+    with Reranker(directory, dtype="float32", devices="0") as reranker:
+        scores = reranker.predict(pairs)
+    assert np.abs(np.asarray(scores) - expected).max() < 1e-4

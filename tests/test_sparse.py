@@ -5,7 +5,6 @@ give."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from embedx import Embedder
 from embedx.engine import SparseRow
 from embedx.engine.compact_rows import FIRST_CAPACITY, Compactor
 from embedx.errors import InvalidModel, InvalidOption, WrongModelTask
-from tests.support.models import SPLADE_POOLINGS, build_tiny_splade
+from tests.support.models import SPLADE_POOLINGS, build_sparser_splade, build_tiny_splade
 from tests.support.server import InProcess, assert_envelope, in_process, post, running_server
 
 TOLERANCE = 1e-5
@@ -200,18 +199,7 @@ def blocks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
 
 @pytest.fixture(scope="module")
 def sparser(splade: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The max-relu model with its decoder's bias lowered: 10 to 140 weights a row of 801, as a
-    trained SPLADE's are few."""
-    from safetensors.torch import load_file, save_file
-
-    directory = tmp_path_factory.mktemp("sparser") / "splade"
-    shutil.copytree(splade["max-relu"], directory)
-    tensors = load_file(str(directory / "model.safetensors"))
-    for name in ("cls.predictions.bias", "cls.predictions.decoder.bias"):
-        if name in tensors:
-            tensors[name] = tensors[name] - 0.4
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    return directory
+    return build_sparser_splade(splade["max-relu"], tmp_path_factory.mktemp("sparser"))
 
 
 def test_sparse_rows_cut_on_the_device_equal_sparse_encoders_and_send_no_vocabulary(
