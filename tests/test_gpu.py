@@ -326,8 +326,8 @@ def test_splade_rows_cut_on_the_gpu_equal_sparse_encoders(
     splade = build_tiny_splade(tmp_path / "splade", reference_texts)
     sparser = build_sparser_splade(splade["max-relu"], tmp_path / "sparser")
     texts = [*reference_texts[:40], "a", "the the the"]
-    expected = SparseEncoder(str(sparser), device="cpu").encode(texts, convert_to_tensor=True)
-    expected = expected.to_dense().numpy()
+    encoded = SparseEncoder(str(sparser), device="cpu").encode(texts, convert_to_tensor=True)
+    expected = encoded.to_dense().numpy()
     with Embedder(sparser, dtype="float32", devices="0") as embedder:
         rows = embedder.embed_sparse(texts)
         pruned = embedder.embed_sparse(texts, top_k=4)
