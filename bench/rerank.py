@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 from common import corpus_path, environment, read_texts, write_json
+from load import parse_cores, pin_cores
 
 SHAPE = "xlm-roberta-large"  # bge-reranker-v2-m3's: XLMRobertaForSequenceClassification
 LENGTH = 512
@@ -131,11 +132,13 @@ def run_cross_encoder(
             "batch_size": 32, "scores": np.asarray(scores, np.float32)}  # fmt: skip
 
 
-def _client(job: tuple[str, str, list[dict[str, Any]], int]) -> list[float]:
-    """One client process: its share of the requests over `concurrency` connections."""
+def _client(job: tuple[str, str, list[dict[str, Any]], int, set[int] | None]) -> list[float]:
+    """One client process, on `cores`: its share of the requests over `concurrency`
+    connections."""
     import httpx
 
-    url, path, bodies, concurrency = job
+    url, path, bodies, concurrency, cores = job
+    pin_cores(cores)
 
     async def run() -> list[float]:
         times: list[float] = []
@@ -157,16 +160,17 @@ def _client(job: tuple[str, str, list[dict[str, Any]], int]) -> list[float]:
 
 
 def drive(
-    url: str, path: str, bodies: list[dict[str, Any]], clients: int, processes: int
+    url: str, path: str, bodies: list[dict[str, Any]], args: argparse.Namespace
 ) -> tuple[float, list[float]]:
     """Send every body with `clients` in flight, from `processes` processes: the seconds it
     took, and each request's latency."""
+    processes, cores = args.client_processes, args.client_cores
     shares = [bodies[i::processes] for i in range(processes)]
-    per = max(1, clients // processes)
+    per = max(1, args.clients // processes)
     with ProcessPoolExecutor(processes) as pool:
-        list(pool.map(_client, [(url, path, share[:per], per) for share in shares]))  # warm
+        list(pool.map(_client, [(url, path, s[:per], per, cores) for s in shares]))  # warm
         started = time.perf_counter()
-        done = list(pool.map(_client, [(url, path, share, per) for share in shares]))
+        done = list(pool.map(_client, [(url, path, s, per, cores) for s in shares]))
         seconds = time.perf_counter() - started
     return seconds, [t for times in done for t in times]
 
@@ -217,7 +221,7 @@ def run_server(
     try:
         wait_up(url, server)
         bodies = [{"model": MODEL_NAME, "query": q, "documents": d} for q, d in requests]
-        seconds, times = drive(url, "/v1/rerank", bodies, args.clients, args.client_processes)
+        seconds, times = drive(url, "/v1/rerank", bodies, args)
         alone = one_at_a_time(url, "/v1/rerank", bodies[: args.latency_requests])
     finally:
         server.terminate()
@@ -245,7 +249,7 @@ def run_infinity(
     try:
         wait_up(url, server)
         bodies = [{"model": str(directory), "query": q, "documents": d} for q, d in requests]
-        seconds, times = drive(url, "/rerank", bodies, args.clients, args.client_processes)
+        seconds, times = drive(url, "/rerank", bodies, args)
         alone = one_at_a_time(url, "/rerank", bodies[: args.latency_requests])
     finally:
         server.terminate()
@@ -272,8 +276,10 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=100, help="documents a query")
     parser.add_argument("--clients", type=int, default=16, help="requests in flight")
     parser.add_argument("--client-processes", type=int, default=4)
-    parser.add_argument("--client-cores", default="", help="taskset cores for the clients")
-    parser.add_argument("--server-cores", default="", help="taskset cores for the servers")
+    parser.add_argument("--client-cores", type=parse_cores, help="cores for the clients: 12-15")
+    parser.add_argument(
+        "--server-cores", default="", help="cores for the library, CrossEncoder and the servers"
+    )
     parser.add_argument("--peer-queries", type=int, default=100,
                         help="queries the peers (CrossEncoder, infinity) get")  # fmt: skip
     parser.add_argument("--latency-requests", type=int, default=50)
@@ -286,8 +292,7 @@ def main() -> None:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.client_cores:
-        os.sched_setaffinity(0, {int(c) for c in args.client_cores.split(",")})
+    pin_cores(parse_cores(args.server_cores) if args.server_cores else None)  # the library's too
     args.server_cores = ["taskset", "-c", args.server_cores] if args.server_cores else []
     with tempfile.TemporaryDirectory() as work:
         args.workdir = Path(work)

@@ -356,7 +356,7 @@ async def test_a_small_request_finding_the_tokenizer_idle_is_tokenized_on_the_lo
     minilm_dir: Path, reference_texts: list[str]
 ) -> None:
     tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
-    small = reference_texts[:3]
+    small = [text[:150] for text in reference_texts[:3]]
     assert sum(map(len, small)) <= tokenizer_module.INLINE_CHARS
     try:
         assert await all_ids(tokenizer, small) == [e.ids for e in encode_all(minilm_dir, small)]

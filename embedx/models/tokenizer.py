@@ -49,10 +49,10 @@ CHUNKS_AHEAD = 2
 # a request's call took 194 ms to encode, median, and the tokenizer waited for texts 41% of
 # the time; bench/load.py).
 CALL_TEXTS = 2048
-# A request of at most this many characters, arriving while the tokenizer's thread is idle,
-# is tokenized on the event loop: tens of microseconds, less than two thread wake-ups. A busy
-# thread takes it: its calls share many requests' work, off the loop.
-INLINE_CHARS = 2048
+# A request of at most this many characters (a query or two) finding the tokenizer's thread
+# idle is tokenized on the loop: less than two thread wake-ups. 8-text requests tokenized
+# there ran 25 to 50% slower at 16 and 64 clients (H100, bench/online.py): the thread has them.
+INLINE_CHARS = 512
 # Where a model without tokenizer.json keeps its vocabulary (transformers converts these).
 SLOW_TOKENIZER_FILES = ("vocab.txt", "vocab.json", "*.model")
 
