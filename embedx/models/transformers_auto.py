@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from embedx.models.source import ModelFiles
 
 
-def _options(dtype: torch.dtype) -> dict[str, Any]:
+def from_pretrained_options(dtype: torch.dtype) -> dict[str, Any]:
     """from_pretrained's options. use_safetensors: never fall back to a pickle, even if one sits
     beside the weights; trust_remote_code: never run a checkpoint's own Python (its config's
     `auto_map`), nor ask a terminal whether to, as transformers does when left to its default."""
@@ -37,7 +37,7 @@ class TransformersEncoder:
         from embedx.errors import InvalidModel
 
         self.model, loading = AutoModel.from_pretrained(
-            str(files.directory), output_loading_info=True, **_options(dtype)
+            str(files.directory), output_loading_info=True, **from_pretrained_options(dtype)
         )
         # Weights the checkpoint lacks are random: refuse, but for the pooler (which embedx
         # never runs, and sentence-transformers checkpoints often drop) and buffers.
@@ -84,7 +84,7 @@ class TransformersMaskedLm:
         from embedx.errors import InvalidModel
 
         self.model, loading = AutoModelForMaskedLM.from_pretrained(
-            str(files.directory), output_loading_info=True, **_options(dtype)
+            str(files.directory), output_loading_info=True, **from_pretrained_options(dtype)
         )
         missing = [key for key in loading["missing_keys"] if not key.endswith("position_ids")]
         if missing:

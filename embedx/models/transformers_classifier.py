@@ -3,10 +3,11 @@ AutoModelForSequenceClassification on padded batches (the fallback for scoring p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from embedx.errors import InvalidModel
 from embedx.models.pairs import split_types
+from embedx.models.transformers_auto import from_pretrained_options
 
 if TYPE_CHECKING:
     import torch
@@ -22,17 +23,9 @@ class TransformersClassifier:
     def __init__(
         self, files: ModelFiles, device: torch.device, dtype: torch.dtype, token_types: bool
     ) -> None:
-        import transformers
         from transformers import AutoModelForSequenceClassification
 
-        # use_safetensors: never fall back to a pickle, even if one sits beside the weights.
-        options: dict[str, Any] = {
-            "use_safetensors": True,
-            "local_files_only": True,
-            "trust_remote_code": False,
-        }
-        major = int(transformers.__version__.split(".")[0])
-        options["dtype" if major >= 5 else "torch_dtype"] = dtype
+        options = from_pretrained_options(dtype)
         self.model, loading = AutoModelForSequenceClassification.from_pretrained(
             str(files.directory), output_loading_info=True, **options
         )
