@@ -97,6 +97,40 @@ class Server:
         eventually(lambda: text in self.output(), message=f"{text!r} never logged")
 
 
+# Loaded by the server's interpreter (sitecustomize): a batch waits in the device's thread
+# while the file exists, after the start's own smoke test has run.
+_HOLD_SOURCE = """
+import time
+from pathlib import Path
+import embedx.engine.replica as replica
+held = Path({path!r})
+run = replica.Replica.run
+def held_run(self, *args, **kwargs):
+    while held.exists():
+        time.sleep(0.01)  # a poll of the test's hold, not a wait for time
+    return run(self, *args, **kwargs)
+replica.Replica.run = held_run
+"""
+
+
+class BatchHold:
+    """A server process's batches held in its device thread while the test holds them: a
+    device busy exactly as long as the test needs (the Gate of support/fakes.py, across a
+    process), where a request long enough to outlast the test's steps would be a race."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.site = tmp / "held-site"
+        self.site.mkdir()
+        self.file = tmp / "batches-held"
+        (self.site / "sitecustomize.py").write_text(_HOLD_SOURCE.format(path=str(self.file)))
+
+    def hold(self) -> None:
+        self.file.touch()
+
+    def release(self) -> None:
+        self.file.unlink(missing_ok=True)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -110,9 +144,14 @@ def serve_environment(**settings: object) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_server(tmp: Path, **settings: object) -> Iterator[Server]:
-    """`embedx serve` with these settings, once its /health answers; SIGTERM after."""
+def running_server(
+    tmp: Path, *, held: BatchHold | None = None, **settings: object
+) -> Iterator[Server]:
+    """`embedx serve` with these settings, once its /health answers; SIGTERM after. With
+    `held`, its batches wait while the test holds them."""
     env = serve_environment(**settings)
+    if held is not None:
+        env["PYTHONPATH"] = str(held.site)
     log = tmp / f"server-{env['EMBEDX_PORT']}.log"
     with open(log, "wb") as sink:
         process = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env,
