@@ -149,6 +149,30 @@ def running_server(
 ) -> Iterator[Server]:
     """`embedx serve` with these settings, once its /health answers; SIGTERM after. With
     `held`, its batches wait while the test holds them."""
+    # The free port found may be taken before the server binds it (a client's socket, in a
+    # test beside this one): the server says so before loading anything, and another is tried.
+    for _ in range(3):
+        server = _start(tmp, held, settings)
+        if server.process.poll() is None:
+            break
+    else:
+        raise AssertionError("the server did not start:\n" + server.output())
+    try:
+        yield server
+    finally:
+        process = server.process
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(PATIENCE_S)
+            except subprocess.TimeoutExpired:  # a stop that hangs fails; it holds no port
+                process.kill()
+                process.wait()
+                raise
+
+
+def _start(tmp: Path, held: BatchHold | None, settings: dict[str, object]) -> Server:
+    """`embedx serve` once its /health answers, or once it has ended on a taken port."""
     env = serve_environment(**settings)
     if held is not None:
         env["PYTHONPATH"] = str(held.site)
@@ -166,21 +190,11 @@ def running_server(
 
     try:
         eventually(up_or_ended)
-        assert process.poll() is None
+        assert process.poll() is None or "cannot listen on" in server.output()
     except AssertionError:
         process.kill()
         raise AssertionError("the server did not start:\n" + server.output()) from None
-    try:
-        yield server
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(PATIENCE_S)
-            except subprocess.TimeoutExpired:  # a stop that hangs fails; it holds no port
-                process.kill()
-                process.wait()
-                raise
+    return server
 
 
 def client(server: Server, key: str = "unused") -> openai.OpenAI:
