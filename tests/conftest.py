@@ -26,6 +26,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker (scripts/test runs two) shares the cores with the others: torch's
+    threads split between them, not each taking every core."""
+    if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 

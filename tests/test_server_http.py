@@ -60,11 +60,12 @@ def embedder() -> Iterator[Embedder]:
 def test_openai_sdk_default_base64_equals_the_library_bit_for_bit(
     server: Server, reference_texts: list[str], embedder: Embedder
 ) -> None:
-    response = client(server).embeddings.create(model=MINILM_NAME, input=reference_texts)
+    texts = reference_texts[:100]  # a few batches' worth, each side
+    response = client(server).embeddings.create(model=MINILM_NAME, input=texts)
     vectors = np.array([d.embedding for d in response.data], dtype=np.float32)
-    assert [d.index for d in response.data] == list(range(len(reference_texts)))
-    assert np.array_equal(vectors, embedder.embed(reference_texts))
-    assert response.usage.prompt_tokens == response.usage.total_tokens > len(reference_texts)
+    assert [d.index for d in response.data] == list(range(len(texts)))
+    assert np.array_equal(vectors, embedder.embed(texts))
+    assert response.usage.prompt_tokens == response.usage.total_tokens > len(texts)
     assert response.model == MINILM_NAME
 
 

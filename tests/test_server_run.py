@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.models import MINILM_NAME
 from tests.support.server import (
+    BatchHold,
     Server,
     assert_envelope,
     post,
@@ -77,36 +78,41 @@ def until_draining(server: Server) -> None:
 def test_sigterm_drains_the_request_in_flight_and_exits_0(
     tmp_path: Path, reference_texts: list[str]
 ) -> None:
-    # A drain that outlasts any machine's work on 600 texts, however busy: the test is that
-    # the stop waits for the request, not how long the request takes.
-    with running_server(tmp_path, preload=MINILM_NAME, drain_timeout_s=600) as stopping:
+    # Its batches held until the late request is refused: the test is that the stop waits
+    # for the request, not how long the request takes.
+    held = BatchHold(tmp_path)
+    with running_server(tmp_path, held=held, preload=MINILM_NAME, drain_timeout_s=600) as stopping:
         results: list[httpx.Response] = []
-        worker = in_flight(stopping, (reference_texts * 3)[:600], results)
+        held.hold()
+        worker = in_flight(stopping, reference_texts[:60], results)
         stopping.process.send_signal(signal.SIGTERM)
         until_draining(stopping)
         late = post(stopping, "/v1/embeddings", json={"model": MINILM_NAME, "input": "x"})
         assert_envelope(late, 503, "shutting_down")  # refused, while the one in flight runs
+        held.release()
         worker.join()
         assert stopping.process.wait(600) == 0
         assert results[0].status_code == 200
-        assert len(results[0].json()["data"]) == 600
+        assert len(results[0].json()["data"]) == 60
         assert "draining" in stopping.output()
 
 
 def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path, reference_texts: list[str]) -> None:
     """As with uvicorn: the first Ctrl-C drains, the second stops waiting."""
-    with running_server(tmp_path, preload=MINILM_NAME, drain_timeout_s=600) as stopping:
+    held = BatchHold(tmp_path)
+    with running_server(tmp_path, held=held, preload=MINILM_NAME, drain_timeout_s=600) as stopping:
         results: list[httpx.Response] = []
-        long_texts = ([" ".join([text] * 8) for text in reference_texts] * 4)[:1000]
-        worker = in_flight(stopping, long_texts, results)
+        held.hold()  # until the second signal has failed the request
+        worker = in_flight(stopping, reference_texts[:60], results)
         stopping.process.send_signal(signal.SIGINT)
         until_draining(stopping)
         stopping.process.send_signal(signal.SIGINT)
+        stopping.wait_for_output("after a second signal: failing them")
+        held.release()  # the batch its device runs ends; the exit waits for no other
         assert stopping.process.wait(PATIENCE_S) == 0  # not the 600 s drain
         worker.join()
         error = assert_envelope(results[0], 503, "shutting_down")
         assert "the server shut down before this request finished" in error["message"]
-        assert "after a second signal: failing them" in stopping.output()
 
 
 def test_sigterm_past_the_drain_timeout_fails_what_still_runs_and_exits(
@@ -114,15 +120,17 @@ def test_sigterm_past_the_drain_timeout_fails_what_still_runs_and_exits(
 ) -> None:
     """EMBEDX_DRAIN_TIMEOUT_S bounds the shutdown: a request still running then gets a 503
     it can retry elsewhere, rather than holding the process past its supervisor's grace."""
-    with running_server(tmp_path, preload=MINILM_NAME, drain_timeout_s=1) as stopping:
+    held = BatchHold(tmp_path)
+    with running_server(tmp_path, held=held, preload=MINILM_NAME, drain_timeout_s=1) as stopping:
         results: list[httpx.Response] = []
-        long_texts = ([" ".join([text] * 8) for text in reference_texts] * 4)[:2000]  # slow on CPU
-        worker = in_flight(stopping, long_texts, results)
+        held.hold()  # past the drain timeout
+        worker = in_flight(stopping, reference_texts[:60], results)
         stopping.process.send_signal(signal.SIGTERM)
+        stopping.wait_for_output("after the drain timeout: failing them")
+        held.release()
         assert stopping.process.wait(PATIENCE_S) == 0
         worker.join()
         assert_envelope(results[0], 503, "shutting_down")
-        assert "after the drain timeout: failing them" in stopping.output()
 
 
 def test_a_client_that_never_finishes_its_request_does_not_hold_the_stop(tmp_path: Path) -> None:

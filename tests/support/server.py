@@ -97,6 +97,40 @@ class Server:
         eventually(lambda: text in self.output(), message=f"{text!r} never logged")
 
 
+# Loaded by the server's interpreter (sitecustomize): a batch waits in the device's thread
+# while the file exists, after the start's own smoke test has run.
+_HOLD_SOURCE = """
+import time
+from pathlib import Path
+import embedx.engine.replica as replica
+held = Path({path!r})
+run = replica.Replica.run
+def held_run(self, *args, **kwargs):
+    while held.exists():
+        time.sleep(0.01)  # a poll of the test's hold, not a wait for time
+    return run(self, *args, **kwargs)
+replica.Replica.run = held_run
+"""
+
+
+class BatchHold:
+    """A server process's batches held in its device thread while the test holds them: a
+    device busy exactly as long as the test needs (the Gate of support/fakes.py, across a
+    process), where a request long enough to outlast the test's steps would be a race."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.site = tmp / "held-site"
+        self.site.mkdir()
+        self.file = tmp / "batches-held"
+        (self.site / "sitecustomize.py").write_text(_HOLD_SOURCE.format(path=str(self.file)))
+
+    def hold(self) -> None:
+        self.file.touch()
+
+    def release(self) -> None:
+        self.file.unlink(missing_ok=True)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -110,9 +144,38 @@ def serve_environment(**settings: object) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_server(tmp: Path, **settings: object) -> Iterator[Server]:
-    """`embedx serve` with these settings, once its /health answers; SIGTERM after."""
+def running_server(
+    tmp: Path, *, held: BatchHold | None = None, **settings: object
+) -> Iterator[Server]:
+    """`embedx serve` with these settings, once its /health answers; SIGTERM after. With
+    `held`, its batches wait while the test holds them."""
+    # The free port found may be taken before the server binds it (a client's socket, in a
+    # test beside this one): the server says so before loading anything, and another is tried.
+    for _ in range(3):
+        server = _start(tmp, held, settings)
+        if server.process.poll() is None:
+            break
+    else:
+        raise AssertionError("the server did not start:\n" + server.output())
+    try:
+        yield server
+    finally:
+        process = server.process
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(PATIENCE_S)
+            except subprocess.TimeoutExpired:  # a stop that hangs fails; it holds no port
+                process.kill()
+                process.wait()
+                raise
+
+
+def _start(tmp: Path, held: BatchHold | None, settings: dict[str, object]) -> Server:
+    """`embedx serve` once its /health answers, or once it has ended on a taken port."""
     env = serve_environment(**settings)
+    if held is not None:
+        env["PYTHONPATH"] = str(held.site)
     log = tmp / f"server-{env['EMBEDX_PORT']}.log"
     with open(log, "wb") as sink:
         process = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env,
@@ -127,21 +190,11 @@ def running_server(tmp: Path, **settings: object) -> Iterator[Server]:
 
     try:
         eventually(up_or_ended)
-        assert process.poll() is None
+        assert process.poll() is None or "cannot listen on" in server.output()
     except AssertionError:
         process.kill()
         raise AssertionError("the server did not start:\n" + server.output()) from None
-    try:
-        yield server
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(PATIENCE_S)
-            except subprocess.TimeoutExpired:  # a stop that hangs fails; it holds no port
-                process.kill()
-                process.wait()
-                raise
+    return server
 
 
 def client(server: Server, key: str = "unused") -> openai.OpenAI:

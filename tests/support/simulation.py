@@ -14,6 +14,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from embedx.models.tokenizer import chunk_bounds
 from embedx.scheduling import ConvergingQueue, Cut, End, Item, Job, LengthBuckets
 
@@ -199,47 +201,66 @@ def static_split(
     longest, so each part pads as little as the converging queue's batches do; each device
     then cuts its part into budget batches.
     """
-    parts = [[lengths[i] for i in part] for part in split_by_tokens(lengths, shares)]
-    result = _empty_result(devices)
-    for device, items in zip(devices, parts, strict=True):
-        job = Job(len(items))
-        buckets = LengthBuckets()
-        buckets.push_all(Item(job, i, n) for i, n in enumerate(items))
-        clock = 0.0
-        seconds = device.timer()
-        while buckets.count:
-            cut = Cut(device.budget, device.budget)
-            buckets.cut(End.LONG, cut)
-            clock += seconds(cut.tokens, cut.area)
-            result.tokens[device.name] += cut.tokens
-            result.batches[device.name] += 1
-        result.busy_s[device.name] = clock
-        result.last_finish[device.name] = clock
-    result.makespan = max(result.last_finish.values())
-    return result
+    return _LongestFirst(lengths).split(devices, shares)
 
 
 def split_by_tokens(lengths: Sequence[int], shares: Sequence[float]) -> list[list[int]]:
     """Indices of the items, longest first, cut into contiguous parts holding `shares` of
     the tokens: part i gets about shares[i] / sum(shares) of them."""
-    total_share, total_tokens = sum(shares), sum(lengths)
-    parts: list[list[int]] = [[] for _ in shares]
-    part, given, bound = 0, 0, total_tokens * shares[0] / total_share
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        while part < len(shares) - 1 and given + lengths[i] / 2 > bound:
-            part += 1
-            bound += total_tokens * shares[part] / total_share
-        parts[part].append(i)
-        given += lengths[i]
-    return parts
+    items = _LongestFirst(lengths)
+    return [items.order[start:stop] for start, stop in items.parts(shares)]
+
+
+class _LongestFirst:
+    """One job's items sorted longest first, sorted and made once for every split a search
+    tries (the oracle's runs hundreds)."""
+
+    def __init__(self, lengths: Sequence[int]) -> None:
+        self.order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        ordered = [lengths[i] for i in self.order]
+        self.total = sum(ordered)
+        # Where each item's tokens are centred, counted from the longest: an item goes to the
+        # part whose bound it does not pass.
+        self.centres = np.cumsum([0, *ordered[:-1]], dtype=np.float64) + np.divide(ordered, 2)
+        job = Job(len(ordered))  # never cancelled: its items are only cut
+        self.items = [Item(job, i, n) for i, n in enumerate(ordered)]
+
+    def parts(self, shares: Sequence[float]) -> list[tuple[int, int]]:
+        """Each part's start and stop in the sorted order: part i holds the items whose
+        centre lies within the first shares[:i + 1] of the tokens."""
+        total_share, bound, stops = sum(shares), 0.0, []
+        for share in shares[:-1]:
+            bound += self.total * share / total_share
+            stops.append(int(np.searchsorted(self.centres, bound, side="right")))
+        stops.append(len(self.items))
+        return list(zip([0, *stops[:-1]], stops, strict=True))
+
+    def split(self, devices: Sequence[FakeDevice], shares: Sequence[float]) -> SimResult:
+        result = _empty_result(devices)
+        for device, (start, stop) in zip(devices, self.parts(shares), strict=True):
+            buckets = LengthBuckets()
+            buckets.push_all(self.items[start:stop])
+            clock = 0.0
+            seconds = device.timer()
+            while buckets.count:
+                cut = Cut(device.budget, device.budget)
+                buckets.cut(End.LONG, cut)
+                clock += seconds(cut.tokens, cut.area)
+                result.tokens[device.name] += cut.tokens
+                result.batches[device.name] += 1
+            result.busy_s[device.name] = clock
+            result.last_finish[device.name] = clock
+        result.makespan = max(result.last_finish.values())
+        return result
 
 
 def oracle_static_split(
     devices: Sequence[FakeDevice], lengths: Sequence[int], steps: int = 40
 ) -> tuple[SimResult, list[float]]:
     """The best fixed split found in hindsight: coordinate search over the shares."""
+    items = _LongestFirst(lengths)
     shares = [d.rate for d in devices]
-    best = static_split(devices, lengths, shares)
+    best = items.split(devices, shares)
     step = 0.5
     for _ in range(steps):
         improved = False
@@ -247,7 +268,7 @@ def oracle_static_split(
             for factor in (1 + step, 1 / (1 + step)):
                 trial = list(shares)
                 trial[i] *= factor
-                result = static_split(devices, lengths, trial)
+                result = items.split(devices, trial)
                 if result.makespan < best.makespan - 1e-12:
                     best, shares, improved = result, trial, True
         if not improved:
