@@ -212,6 +212,48 @@ def test_npy_and_safetensors_hold_the_parquet_rows(
     assert tensors["rows"].tolist() == list(range(60))
 
 
+def test_a_parquet_output_is_written_as_chunks_finish_and_mixed_ids_are_joined(
+    tmp_path: Path,
+    corpus: list[dict[str, Any]],
+    embedder: ChunkEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No join copies every vector again at the end; a later chunk whose ids are strings
+    where the first's were numbers stops the stream, and the parts are joined as ids of one
+    type, strings."""
+    from embedx.jobs import corpus as corpus_module
+    from embedx.jobs.results import join
+
+    rows = [{"id": i, "text": r["text"]} for i, r in enumerate(corpus[:40])]
+    joined: list[Path] = []
+
+    def counted(parts: list[Path], *args: Any) -> int:
+        joined.append(args[0])
+        return join(parts, *args)
+
+    monkeypatch.setattr(corpus_module, "join", counted)
+    numbers = tmp_path / "numbers.parquet"
+    job = CorpusJob("minilm", [str(write_jsonl(tmp_path / "n.jsonl", rows))], numbers,
+                    chunk_texts=15)  # fmt: skip
+    run(job, load_settings({}), io.StringIO(), embedder)
+    assert joined == []  # streamed
+    ids, vectors, _ = read_parquet(numbers)
+    assert ids == list(range(40))
+    texts = [r["text"] for r in rows]
+    chunked = [embedder.embed(texts[i : i + 15]) for i in range(0, 40, 15)]  # as the job calls
+    assert np.array_equal(vectors, np.concatenate(chunked))
+    mixed = [*rows[:20], *({"id": f"doc-{r['id']}", "text": r["text"]} for r in rows[20:])]
+    output = tmp_path / "mixed.parquet"
+    job = CorpusJob("minilm", [str(write_jsonl(tmp_path / "m.jsonl", mixed))], output,
+                    chunk_texts=15)  # fmt: skip
+    run(job, load_settings({}), io.StringIO(), embedder)
+    assert joined == [output]
+    ids, mixed_vectors, _ = read_parquet(output)
+    assert ids == [str(r["id"]) for r in mixed]
+    assert np.array_equal(mixed_vectors, vectors)
+    assert not (tmp_path / "mixed.parquet.parts").exists()
+
+
 def test_a_bad_line_stops_the_job_with_one_message_and_skip_bad_lists_it(
     tmp_path: Path, corpus: list[dict[str, Any]], embedder: ChunkEmbedder
 ) -> None:

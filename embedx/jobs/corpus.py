@@ -1,5 +1,6 @@
 """The corpus job, `embedx embed MODEL INPUT... -o OUTPUT`: chunks of texts read on one thread,
-embedded on every device through the library, written on another, then joined into OUTPUT."""
+embedded on every device through the library, written on another (a Parquet OUTPUT as they
+finish; .npy and safetensors joined from the chunks once all are done)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from embedx.errors import EmbedxError, InvalidInput, PoolingRequired
 from embedx.jobs.inputs import Bad, Fields, Reader, Record, Shard, shards
 from embedx.jobs.parts import Chunk, WorkFolder
 from embedx.jobs.progress import Progress
-from embedx.jobs.results import join, write_bad
+from embedx.jobs.results import StreamedParquet, join, output_format, write_bad
 
 T = TypeVar("T")
 CHUNK_TEXTS = 50_000  # a chunk: large enough that a device's tail per chunk is a small share
@@ -98,7 +99,9 @@ def run(
     files = shards(job.inputs)
     reader = Reader(files, job.fields)
     work = WorkFolder(job.output, job.manifest(files))
-    finished = work.open()
+    work.open()
+    finished = work.parts()
+    streamed: StreamedParquet | None = None
     progress = Progress(reader.total_bytes, stream)
     model: contextlib.AbstractContextManager[ChunkEmbedder] = (
         contextlib.nullcontext(embedder)
@@ -113,11 +116,17 @@ def run(
             ThreadPoolExecutor(1, "embedx-writer") as writer,  # its exit waits for the write
         ):
             width = job.dimensions or embedder.dimensions
+            if output_format(job.output) == "parquet":
+                streamed = StreamedParquet(work.path / ".output.tmp", width)
             progress.start()  # the model is loaded: the clock is the embedding's
             written: Future[None] | None = None
             for index, records, bad, position in incoming:
                 if index in finished:
                     progress.skipped(position)
+                    if streamed is not None:  # in its place in the output, from its part
+                        if written is not None:
+                            written.result()
+                        written = writer.submit(streamed.add_part, finished[index])
                     continue
                 if bad and not job.skip_bad:
                     raise InvalidInput(
@@ -127,17 +136,27 @@ def run(
                 chunk = embedder.chunk(index, records, bad, job)
                 if written is not None:
                     written.result()
-                written = writer.submit(work.write, chunk)
+                written = writer.submit(_write, work, chunk, streamed)
                 progress.advance(position, len(records), int(chunk.tokens.sum()))
             if written is not None:
                 written.result()
     finally:
         progress.close()
+        if streamed is not None:
+            streamed.close()  # stopped: what it wrote goes with the next run's open()
     parts = list(work.parts().values())
-    join(parts, job.output, width, work.path / ".output.tmp")
+    if streamed is None or not streamed.finish(job.output):
+        join(parts, job.output, width, work.path / ".output.tmp")
     bad_lines = write_bad(parts, job.bad_file)
     work.remove()
     return progress.summary(str(job.output), bad_lines, str(job.bad_file))
+
+
+def _write(work: WorkFolder, chunk: Chunk, streamed: StreamedParquet | None) -> None:
+    """A finished chunk to its part, and to the output streamed beside it."""
+    table = work.write(chunk)
+    if streamed is not None:
+        streamed.add(table)
 
 
 def chunks(reader: Reader, size: int) -> Iterator[tuple[int, list[Record], list[Bad], int]]:

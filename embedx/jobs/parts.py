@@ -9,12 +9,15 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from embedx.errors import InvalidInput
 from embedx.jobs.inputs import Bad
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 MANIFEST = "manifest.json"
 PART = re.compile(r"^chunk-(\d{6,})\.parquet$")
@@ -72,28 +75,12 @@ class WorkFolder:
                 found[int(match.group(1))] = path
         return dict(sorted(found.items()))
 
-    def write(self, chunk: Chunk) -> None:
-        """Write a finished chunk; it appears under its name only once whole."""
-        import pyarrow as pa
+    def write(self, chunk: Chunk) -> pa.Table:
+        """Write a finished chunk; it appears under its name only once whole. Returns its
+        table, for the output streamed beside the parts."""
         import pyarrow.parquet as pq
 
-        width = chunk.vectors.shape[1]
-        flat = pa.array(np.ascontiguousarray(chunk.vectors, dtype=np.float32).reshape(-1))
-        ids = (
-            pa.array(chunk.ids, pa.int64())
-            if all(type(i) is int for i in chunk.ids)
-            else pa.array([str(i) for i in chunk.ids], pa.string())
-        )
-        table = pa.table(
-            {
-                "id": ids,
-                "vector": pa.FixedSizeListArray.from_arrays(flat, width),
-                "tokens": pa.array(chunk.tokens, pa.int32()),
-                "row": pa.array(chunk.rows, pa.int64()),
-            }
-        )
-        bad = json.dumps([b.as_dict() for b in chunk.bad]).encode()
-        table = table.replace_schema_metadata({BAD_KEY: bad})
+        table = part_table(chunk)
         name = f"chunk-{chunk.index:06d}.parquet"
         temporary = self.path / f".{name}.tmp"
         with open(temporary, "wb") as sink:
@@ -101,9 +88,33 @@ class WorkFolder:
             sink.flush()
             os.fsync(sink.fileno())
         os.replace(temporary, self.path / name)
+        return table
 
     def remove(self) -> None:
         shutil.rmtree(self.path)
+
+
+def part_table(chunk: Chunk) -> pa.Table:
+    """A chunk as its part holds it: id, vector, tokens, row; its bad lines in the metadata."""
+    import pyarrow as pa
+
+    width = chunk.vectors.shape[1]
+    flat = pa.array(np.ascontiguousarray(chunk.vectors, dtype=np.float32).reshape(-1))
+    ids = (
+        pa.array(chunk.ids, pa.int64())
+        if all(type(i) is int for i in chunk.ids)
+        else pa.array([str(i) for i in chunk.ids], pa.string())
+    )
+    table = pa.table(
+        {
+            "id": ids,
+            "vector": pa.FixedSizeListArray.from_arrays(flat, width),
+            "tokens": pa.array(chunk.tokens, pa.int32()),
+            "row": pa.array(chunk.rows, pa.int64()),
+        }
+    )
+    bad = json.dumps([b.as_dict() for b in chunk.bad]).encode()
+    return table.replace_schema_metadata({BAD_KEY: bad})
 
 
 def part_bad(path: Path) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
-"""A corpus job's finished chunks joined into its OUTPUT, one chunk in memory at a time:
-Parquet (id, vector, tokens), a .npy matrix, or safetensors (vectors, tokens, rows)."""
+"""A corpus job's OUTPUT: Parquet (id, vector, tokens) written as its chunks finish, or its
+finished chunks joined, one in memory at a time, into Parquet, a .npy matrix or safetensors
+(vectors, tokens, rows)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from embedx.jobs.parts import part_bad
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 
 def output_format(output: Path) -> str:
@@ -51,17 +56,81 @@ def _parquet(parts: Sequence[Path], temporary: Path, width: int, rows: int) -> N
     import pyarrow.parquet as pq
 
     strings = any(pa.types.is_string(pq.read_schema(p).field("id").type) for p in parts)
-    schema = pa.schema(
+    schema = _schema(strings, width)
+    with pq.ParquetWriter(temporary, schema) as writer:
+        for part in parts:
+            writer.write_table(_columns(pq.read_table(part), schema))
+
+
+def _schema(strings: bool, width: int) -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
         [
             ("id", pa.string() if strings else pa.int64()),
             ("vector", pa.list_(pa.float32(), width)),
             ("tokens", pa.int32()),
         ]
     )
-    with pq.ParquetWriter(temporary, schema) as writer:
-        for part in parts:
-            table = pq.read_table(part, columns=["id", "vector", "tokens"])
-            writer.write_table(table.replace_schema_metadata(None).cast(schema))
+
+
+def _columns(part: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A part's table (or a chunk's, as its part holds it) as OUTPUT's rows."""
+    table = part.select(["id", "vector", "tokens"]).replace_schema_metadata(None)
+    return table.cast(schema)
+
+
+class StreamedParquet:
+    """A Parquet OUTPUT written as the job's chunks finish, in order, so that no join reads
+    and writes every vector again once they are all done (it took a third of the job's time
+    for 40,000 texts). A chunk whose ids are of another type than the first's (numbers, then
+    strings) stops it: the parts are joined then, as for .npy and safetensors."""
+
+    def __init__(self, temporary: Path, width: int) -> None:
+        self.temporary = temporary
+        self.width = width
+        self.broken = False
+        self._schema: pa.Schema | None = None
+        self._writer: pq.ParquetWriter | None = None
+
+    def add(self, table: pa.Table) -> None:
+        """The next chunk's rows, its table as its part holds it."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self.broken or table.num_rows == 0:
+            return
+        strings = pa.types.is_string(table.schema.field("id").type)
+        if self._schema is None:
+            self._schema = _schema(strings, self.width)
+            self._writer = pq.ParquetWriter(self.temporary, self._schema)
+        elif strings != pa.types.is_string(self._schema.field("id").type):
+            self.close()
+            self.temporary.unlink(missing_ok=True)
+            self.broken = True
+            return
+        assert self._writer is not None
+        self._writer.write_table(_columns(table, self._schema))
+
+    def add_part(self, part: Path) -> None:
+        """The next chunk, finished by an earlier run: from its part."""
+        import pyarrow.parquet as pq
+
+        self.add(pq.read_table(part))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def finish(self, output: Path) -> bool:
+        """OUTPUT put in place; False where the stream stopped or held no rows: the parts
+        are to be joined."""
+        self.close()
+        if self.broken or self._schema is None:
+            return False
+        os.replace(self.temporary, output)
+        return True
 
 
 def _npy(parts: Sequence[Path], temporary: Path, width: int, rows: int) -> None:
