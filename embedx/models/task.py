@@ -145,24 +145,37 @@ def saved_cross_encoder(directory: Path) -> dict[str, Any] | None:
     """config_sentence_transformers.json where sentence-transformers' CrossEncoder reads it (a
     model it saved: modules.json beside it, model_type CrossEncoder), else None. Such a model's
     modules must be the one Transformer: anything after it would change the scores."""
+    saved = _saved_modules(directory, CROSS_ENCODER)
+    if saved is None:
+        return None
+    settings, _, kinds = saved
+    if kinds not in (["Transformer"], ["Transformer", "LogitScore"]):
+        raise InvalidModel(
+            f"{directory / 'modules.json'}: a CrossEncoder of modules {kinds}: embedx runs a "
+            "single Transformer module (the sequence-classification model itself), or a causal "
+            "LM's Transformer and LogitScore"
+        )
+    return settings
+
+
+def _saved_modules(
+    directory: Path, model_type: str
+) -> tuple[dict[str, Any], list[Any], list[Any]] | None:
+    """What sentence-transformers saved of a model of `model_type` (its
+    config_sentence_transformers.json and modules.json beside it): the settings, the modules
+    listed, and each one's kind (its class's name); None for a model it did not save so."""
     modules_path = directory / "modules.json"
     settings_path = directory / "config_sentence_transformers.json"
     if not modules_path.is_file() or not settings_path.is_file():
         return None
     settings = read_json(settings_path)
-    if not isinstance(settings, dict) or settings.get("model_type") != CROSS_ENCODER:
+    if not isinstance(settings, dict) or settings.get("model_type") != model_type:
         return None
     modules = read_json(modules_path)
     listed = modules if isinstance(modules, list) else [modules]
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] if isinstance(m, dict) else m
              for m in listed]  # fmt: skip
-    if kinds not in (["Transformer"], ["Transformer", "LogitScore"]):
-        raise InvalidModel(
-            f"{modules_path}: a CrossEncoder of modules {kinds}: embedx runs a single "
-            "Transformer module (the sequence-classification model itself), or a causal LM's "
-            "Transformer and LogitScore"
-        )
-    return settings
+    return settings, listed, kinds
 
 
 def saved_logit_score(directory: Path) -> LogitScore | None:
@@ -192,21 +205,14 @@ def _token_id(value: object) -> TypeGuard[int]:
 def saved_sparse_encoder(directory: Path) -> Splade | None:
     """The SpladePooling of a model sentence-transformers saved as a SparseEncoder, else None.
     Its modules must be the masked LM and SpladePooling: anything else changes the rows."""
-    modules_path = directory / "modules.json"
-    settings_path = directory / "config_sentence_transformers.json"
-    if not modules_path.is_file() or not settings_path.is_file():
+    saved = _saved_modules(directory, SPARSE_ENCODER)
+    if saved is None:
         return None
-    settings = read_json(settings_path)
-    if not isinstance(settings, dict) or settings.get("model_type") != SPARSE_ENCODER:
-        return None
-    modules = read_json(modules_path)
-    listed = modules if isinstance(modules, list) else [modules]
-    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] if isinstance(m, dict) else m
-             for m in listed]  # fmt: skip
+    _, listed, kinds = saved
     if kinds not in (["Transformer", "SpladePooling"], ["MLMTransformer", "SpladePooling"]):
         raise InvalidModel(
-            f"{modules_path}: a SparseEncoder of modules {kinds}: embedx runs only a masked "
-            "LM (Transformer or MLMTransformer) and SpladePooling"
+            f"{directory / 'modules.json'}: a SparseEncoder of modules {kinds}: embedx runs "
+            "only a masked LM (Transformer or MLMTransformer) and SpladePooling"
         )
     pooling = read_json(directory / str(listed[1].get("path", "")) / "config.json")
     strategy = pooling.get("pooling_strategy", "max") if isinstance(pooling, dict) else None
