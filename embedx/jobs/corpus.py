@@ -99,8 +99,7 @@ def run(
     files = shards(job.inputs)
     reader = Reader(files, job.fields)
     work = WorkFolder(job.output, job.manifest(files))
-    work.open()
-    finished = work.parts()
+    finished = work.open()
     streamed: StreamedParquet | None = None
     progress = Progress(reader.total_bytes, stream)
     model: contextlib.AbstractContextManager[ChunkEmbedder] = (

@@ -44,8 +44,9 @@ class WorkFolder:
         self.path = output.parent / (output.name + ".parts")
         self.manifest = manifest
 
-    def open(self) -> set[int]:
-        """The chunks already finished by an earlier run of this job (none for a new one).
+    def open(self) -> dict[int, Path]:
+        """The chunks already finished by an earlier run of this job (none for a new one), their
+        files by index.
         A folder of another job (other inputs, or settings) is an error: its parts are not
         this job's, and are not removed without asking."""
         manifest = self.path / MANIFEST
@@ -64,7 +65,7 @@ class WorkFolder:
             write_atomically(manifest, json.dumps(self.manifest, indent=2).encode())
         for stray in self.path.glob(".*.tmp"):  # a write a crash cut short
             stray.unlink()
-        return set(self.parts())
+        return self.parts()
 
     def parts(self) -> dict[int, Path]:
         """The finished chunks' files by index."""
