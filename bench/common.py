@@ -9,6 +9,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -235,3 +236,21 @@ def write_json(result: dict[str, Any], out: str | None) -> None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text + "\n")
     print(text)
+
+
+def wait_up(url: str, process: subprocess.Popen[bytes], seconds: float = 600) -> None:
+    """Until the server at `url` answers /health; SystemExit if it exits or takes longer."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server at {url} exited with {process.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise SystemExit(f"the server at {url} did not come up in {seconds:.0f} s")

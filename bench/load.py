@@ -34,7 +34,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from common import CORPUS_HELP, DEFAULT_CORPUS, SPY_RATE, environment, load_corpus, write_json
+from common import (
+    CORPUS_HELP,
+    DEFAULT_CORPUS,
+    SPY_RATE,
+    environment,
+    load_corpus,
+    wait_up,
+    write_json,
+)
 from throughput import model_directory
 
 if TYPE_CHECKING:
@@ -473,17 +481,8 @@ def start_server(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]
         "EMBEDX_ALLOW_LOCAL_PATHS": "true",
     }
     server = subprocess.Popen([sys.executable, "-m", "embedx", "serve"], env=env)
-    import httpx
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return server
-        except httpx.TransportError:
-            time.sleep(0.2)
-    server.terminate()
-    raise SystemExit("the server did not come up within 120 s")
+    wait_up(f"http://127.0.0.1:{port}", server, 120)
+    return server
 
 
 def main() -> None:

@@ -29,9 +29,16 @@ from pathlib import Path
 from typing import Any, NamedTuple, cast
 
 import orjson
-from common import CORPUS_HELP, DEFAULT_CORPUS, environment, fast_tokenizer, load_corpus, write_json
+from common import (
+    CORPUS_HELP,
+    DEFAULT_CORPUS,
+    environment,
+    fast_tokenizer,
+    load_corpus,
+    wait_up,
+    write_json,
+)
 from load import free_port, parse_cores, pin_cores
-from rerank import wait_up
 from throughput import model_directory
 
 MODEL_NAME = "bench"

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import corpus_path, environment, read_texts, write_json
+from common import corpus_path, environment, read_texts, wait_up, write_json
 from load import parse_cores, pin_cores
 
 SHAPE = "xlm-roberta-large"  # bge-reranker-v2-m3's: XLMRobertaForSequenceClassification
@@ -186,23 +186,6 @@ def one_at_a_time(url: str, path: str, bodies: list[dict[str, Any]]) -> list[flo
             client.post(path, json=body).raise_for_status()
             times.append(time.perf_counter() - began)
     return times
-
-
-def wait_up(url: str, process: subprocess.Popen[bytes], seconds: float = 600) -> None:
-    import httpx
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server at {url} exited with {process.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise SystemExit(f"the server at {url} did not come up in {seconds:.0f} s")
 
 
 def run_server(
