@@ -184,8 +184,9 @@ class ServerCollector(Collector):
 
 
 def tei_families(tei: TeiMetrics, registry: RegistryReport) -> Iterator[Metric]:
-    """TEI's metrics, with TEI's labels: its per-request counts and times as TEI keeps them,
-    and aliases of embedx's figures summed over models and devices (TEI serves one model)."""
+    """TEI's metrics, with TEI's labels: its per-request counts and times and its per-route
+    counts of inputs as TEI keeps them, and aliases of embedx's figures summed over models and
+    devices (TEI serves one model)."""
     for name, label, counts, help_text in (
         ("te_request_count", "method", tei.requests, "Requests: single (one input) or batch."),
         ("te_request_success", "method", tei.successes, "Requests answered."),
@@ -195,6 +196,14 @@ def tei_families(tei: TeiMetrics, registry: RegistryReport) -> Iterator[Metric]:
         for value, count in sorted(counts.items()):
             _add(family, (value,), count)
         yield family
+    # TEI's per-route counts, of inputs: it runs each input of a request on its own
+    for name, count, help_text in (
+        ("te_embed_count", tei.inputs["embed"], "Texts handed to an embedding model."),
+        ("te_embed_success", tei.answered["embed"], "Texts an embedding model answered."),
+        ("te_predict_count", tei.inputs["predict"], "Texts or pairs handed to a scorer."),
+        ("te_predict_success", tei.answered["predict"], "Texts or pairs a scorer answered."),
+    ):
+        yield _single(name, "untyped", help_text, count)
     yield _single("te_request_duration", "histogram", "A request's embed or score call, whole.",
                   tei.duration)  # fmt: skip
     yield _single("te_request_tokenization_duration", "histogram",

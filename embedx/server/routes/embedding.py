@@ -45,16 +45,15 @@ async def embed(
         outputs=request.outputs,
         top_k=request.top_k,
     )
-    with state.tei.request(len(request.texts)) as record:
+    with state.tei.request("embed", len(request.texts)) as record:
         async with (
             state.registry.lease(request.model, request.load) as engine,
             state.admission.slot(),
         ):
             try:
-                record.result = result = await engine.embed(request.texts, options)
+                return await record.run(engine.embed(request.texts, options))
             except WrongModelTask as exc:
                 raise WrongModelTask(f"{exc.message}: {ROUTES[exc.task]}", task=exc.task) from None
-            return result
 
 
 def timing(result: EmbedResult | ScoreResult) -> dict[str, str]:

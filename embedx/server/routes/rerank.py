@@ -64,10 +64,10 @@ async def _score(
     the scores, and its labels."""
     model = request.model or _default_scorer(state)
     options = ScoreOptions(request.truncate, request.raw_scores, request.instruction)
-    with state.tei.request(len(request.inputs)) as record:
+    with state.tei.request("predict", len(request.inputs)) as record:
         async with state.registry.lease(model, request.load) as engine, state.admission.slot():
             try:
-                record.result = result = await engine.score(request.inputs, options)
+                result = await record.run(engine.score(request.inputs, options))
             except WrongModelTask as exc:
                 raise WrongModelTask(
                     f"{exc.message}: send its texts to POST /v1/embeddings (or /embed)",
