@@ -11,7 +11,9 @@ size (texts a request) and client count, client processes on --client-cores hold
 keep-alive connections to 127.0.0.1, each sending one request after another (a raw HTTP/1.1
 client on uvloop: an SDK's own cost would be most of what is measured). After --warmup
 seconds, --seconds count: requests/s, and p50/p99 of the requests that started within them.
-Bulk requests (many texts each, default settings) are bench/load.py's.
+Then bulk: --bulk-texts texts a request from --bulk-clients clients against the same server
+(default settings), in tokens/s, against the library (`Engine.embed` of all the texts at once)
+at --library-batch-tokens, its best budget, on the server's cores once the server is gone.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from common import (
     wait_up,
     write_json,
 )
-from load import free_port, parse_cores, pin_cores
+from load import free_port, library_rate, parse_cores, pin_cores, repeated_texts
 from throughput import model_directory
 
 MODEL_NAME = "bench"
@@ -214,7 +216,9 @@ def serve(command: list[str], env: dict[str, str], port: int) -> subprocess.Pope
     return server
 
 
-def run_embedx(directory: Path, pooling: str, texts: list[str], args: argparse.Namespace) -> Any:
+def run_embedx(
+    directory: Path, pooling: str, length: int, texts: list[str], args: argparse.Namespace
+) -> Any:
     port = free_port()
     models = args.workdir / "models.toml"
     models.write_text(f'[models.{MODEL_NAME}]\nsource = "{directory}"\npooling = "{pooling}"\n')
@@ -224,14 +228,50 @@ def run_embedx(directory: Path, pooling: str, texts: list[str], args: argparse.N
            "EMBEDX_MAX_CONCURRENT_REQUESTS": str(max(args.clients))}  # fmt: skip
     server = serve([*args.server_taskset, sys.executable, "-m", "embedx", "serve"], env, port)
     try:
-        return measure(
+        points = measure(
             "embedx", port, "/v1/embeddings",
             lambda group: {"model": MODEL_NAME, "input": group, "encoding_format": "float"},
             texts, args,
         )  # fmt: skip
+        bulk = measure_bulk(port, directory, length, args) if args.bulk_clients else None
     finally:
         server.terminate()
         server.wait(60)
+    return points, bulk
+
+
+def measure_bulk(port: int, directory: Path, length: int, args: argparse.Namespace) -> Any:
+    """Requests of --bulk-texts corpus texts from --bulk-clients clients: tokens/s."""
+    texts = repeated_texts(args.corpus, args.bulk_texts * 256)
+    size = args.bulk_texts
+    groups = [texts[i : i + size] for i in range(0, len(texts), size)]
+    body = {"model": MODEL_NAME, "encoding_format": "base64"}
+    requests = http_requests("/v1/embeddings", [{**body, "input": group} for group in groups])
+    encoded = fast_tokenizer(directory, length).encode_batch(texts)
+    tokens_per_request = sum(len(e.ids) for e in encoded) / len(groups)
+    point = drive(
+        port, requests, args.bulk_clients, args.client_processes, args.warmup, args.seconds,
+        args.client_cores,
+    )  # fmt: skip
+    point["texts_per_request"] = size
+    point["tokens_per_s"] = round(point["requests_per_s"] * tokens_per_request)
+    print("embedx bulk", point, flush=True)
+    return point
+
+
+def library_bulk(directory: Path, pooling: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The library on the same bulk texts, at its best budget, on the server's cores."""
+    if args.server_cores:
+        os.sched_setaffinity(0, parse_cores(args.server_cores))
+    texts = repeated_texts(args.corpus, args.bulk_texts * 256)
+    rate = asyncio.run(
+        library_rate(str(directory), pooling, texts, args.library_batch_tokens, 2, None, [])
+    )
+    print("library bulk", round(rate["tokens_per_s"]), "tok/s", flush=True)
+    return {
+        "max_batch_tokens": args.library_batch_tokens,
+        "tokens_per_s": round(rate["tokens_per_s"]),
+    }
 
 
 def run_infinity(directory: Path, device: str, texts: list[str], args: argparse.Namespace) -> Any:
@@ -265,6 +305,13 @@ def _ratios(methods: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def _bulk_figures(server: dict[str, Any] | None, library: dict[str, Any] | None) -> Any:
+    if server is None or library is None:
+        return None
+    ratio = round(server["tokens_per_s"] / library["tokens_per_s"], 3)
+    return {"server": server, "library": library, "server_over_library": ratio}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default="minilm")
@@ -279,6 +326,9 @@ def main() -> None:
     parser.add_argument("--server-cores", default="", help="taskset cores for the servers")
     parser.add_argument("--client-cores", type=parse_cores, help="cores for the clients")
     parser.add_argument("--infinity-site", help="a folder holding infinity-emb and its needs")
+    parser.add_argument("--bulk-texts", type=int, default=256, help="texts a bulk request")
+    parser.add_argument("--bulk-clients", type=int, default=64, help="0: no bulk point")
+    parser.add_argument("--library-batch-tokens", type=int, default=262144)
     parser.add_argument("--out")
     args = parser.parse_args()
     args.server_taskset = ["taskset", "-c", args.server_cores] if args.server_cores else []
@@ -291,9 +341,11 @@ def main() -> None:
         args.workdir = Path(workdir)
         directory, pooling, length = model_directory(args.model, args.workdir, args.tiny, device)
         lengths = [len(e.ids) for e in fast_tokenizer(directory, length).encode_batch(texts)]
-        methods = {"embedx": run_embedx(directory, pooling, texts, args)}
+        points, bulk = run_embedx(directory, pooling, length, texts, args)
+        methods = {"embedx": points}
         if args.infinity_site:
             methods["infinity"] = run_infinity(directory, device, texts, args)
+        library = library_bulk(directory, pooling, args) if bulk else None
     result = {
         "benchmark": "online",
         "model": args.model,
@@ -303,6 +355,7 @@ def main() -> None:
         "client_cores": sorted(args.client_cores) if args.client_cores else "any",
         "methods": methods,
         "embedx_over_infinity": _ratios(methods),
+        "bulk": _bulk_figures(bulk, library),
         "infinity_version": INFINITY_VERSION if args.infinity_site else None,
         "environment": environment(),
     }

@@ -133,6 +133,12 @@ def test_online_measures_small_requests_at_each_client_count(tmp_path: Path) -> 
         "0.2",
         "--seconds",
         "0.5",
+        "--bulk-texts",
+        "8",
+        "--bulk-clients",
+        "2",
+        "--library-batch-tokens",
+        "4096",
         out=tmp_path / "online.json",
     )
     points = result["methods"]["embedx"]
@@ -144,6 +150,12 @@ def test_online_measures_small_requests_at_each_client_count(tmp_path: Path) -> 
     ]
     assert all(p["requests_per_s"] > 0 and 0 < p["p50_ms"] <= p["p99_ms"] for p in points)
     assert 15 <= result["tokens_per_text"] <= 30  # 15 words a text
+    bulk = result["bulk"]
+    assert bulk["server"]["texts_per_request"] == 8
+    assert bulk["server"]["tokens_per_s"] > 0
+    assert bulk["library"]["max_batch_tokens"] == 4096
+    assert bulk["library"]["tokens_per_s"] > 0
+    assert bulk["server_over_library"] > 0
 
 
 def test_outputs_measures_every_form_against_float(tmp_path: Path) -> None:
