@@ -68,6 +68,12 @@ class Settings:
     max_batch_tokens: int = _setting(
         16384, values.integer(1), "Cap on a batch's padded tokens (items x longest) on any device."
     )
+    cuda_graph_tokens: int = _setting(
+        2048,
+        values.integer(0),
+        "Batches up to this many tokens run on a GPU as CUDA graphs, captured for a few shapes "
+        "when a model loads (one launch, not several a layer); 0: none.",
+    )
     max_batch_items: int | None = _setting(
         None,
         values.optional(values.integer(1)),

@@ -655,7 +655,7 @@ def test_a_failed_launch_leaves_the_slot_of_a_batch_still_running_alone() -> Non
         slots.append(slot)
         if len(slots) == 2:
             raise RuntimeError("launch failed (injected)")
-        return SimpleNamespace(rows=1, tokens=1)
+        return SimpleNamespace(rows=1, tokens=1, graph=None)
 
     accelerator = SimpleNamespace(
         max_inflight=2,
@@ -670,6 +670,7 @@ def test_a_failed_launch_leaves_the_slot_of_a_batch_still_running_alone() -> Non
     )
     worker.queue = SimpleNamespace(fail=lambda *args, **kwargs: None)  # type: ignore[assignment]
     worker.padding_rows = 0
+    worker.graph_batches = 0
     worker._launches = 0
     claim: Any = SimpleNamespace(items=[], tokens=1)
     launched: list[object] = [worker._launch(claim, FLOATS) for _ in range(3)]

@@ -111,6 +111,24 @@ async def test_flash_varlen_matches_the_float32_cpu_forward(
     assert cosines(got, expected).min() >= 0.999
 
 
+@pytest.mark.parametrize(
+    ("shape", "pooling"),
+    [("bert-base", "cls"), ("bert-base", "mean"), ("qwen3-0.6b", "last_token")],
+)
+async def test_small_batches_replayed_as_cuda_graphs_match_the_cpu_forward(
+    tiny_models: dict[str, Path], reference_texts: list[str], shape: str, pooling: str
+) -> None:
+    texts = reference_texts[:24]
+    expected = forward(tiny_models[shape], pooling, "native", texts)
+    async with cuda_engine(tiny_models[shape], pooling=pooling, max_seq_len=64) as engine:
+        assert engine.replicas[0].graphs, "no graph was captured"
+        one_by_one = [(await engine.embed([text])).vectors[0] for text in texts[:8]]
+        together = (await engine.embed(texts)).vectors
+        assert engine.workers[0].graph_batches >= 9
+    assert cosines(np.stack(one_by_one), expected[:8]).min() >= 0.999
+    assert cosines(together, expected).min() >= 0.999
+
+
 async def test_cuda_oom_halves_the_budget_and_the_request_succeeds(
     minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
 ) -> None:

@@ -28,7 +28,14 @@ from embedx.errors import (
 from embedx.models import tokenizer as tokenizer_module
 from embedx.models.catalog import ModelSpec, load_catalog
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype
-from embedx.models.packing import FINE_FROM, bucketed_rows, pack, to_device, token_rows
+from embedx.models.packing import (
+    FINE_FROM,
+    bucketed_rows,
+    pack,
+    packed_views,
+    to_device,
+    token_rows,
+)
 from embedx.models.pooling import Pooling, pool
 from embedx.models.source import check_exists, resolve
 from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, Input, TextTokenizer
@@ -634,6 +641,43 @@ def test_a_padded_pack_keeps_the_texts_and_zeroes_the_rest() -> None:
     assert not batch.positions[5:].any()
     assert batch.cu_seqlens.tolist() == [0, 3, 5]
     assert batch.padded_index.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_pack_to_a_graphs_shape_gives_empty_texts_the_padding_rows() -> None:
+    ids = [np.array([5, 6, 7], np.int32), np.array([8, 9], np.int32)]
+    host = pack(ids, fit=lambda tokens, texts: (8, 4))
+    assert (host.graph, host.count, host.rows) == ((8, 4), 2, 8)
+    batch = packed_views(torch.from_numpy(host.buffer), 8, 4, 8, 8)
+    assert batch.cu_seqlens.tolist() == [0, 3, 5, 5, 8]  # text 2 empty, text 3 the padding
+    assert batch.segments.tolist() == [0, 0, 0, 1, 1, 3, 3, 3]
+    assert batch.input_ids[:5].tolist() == [5, 6, 7, 8, 9]
+    assert not batch.input_ids[5:].any()
+
+
+@pytest.mark.parametrize(
+    ("shape", "pooling"),
+    [("bert-base", "cls"), ("bert-base", "mean"), ("qwen3-0.6b", "last_token")],
+)
+def test_texts_packed_to_a_graphs_shape_get_their_own_rows(
+    tiny_models: dict[str, Path], shape: str, pooling: str
+) -> None:
+    """A CUDA graph runs the forward pass on a batch packed to its fixed shape, empty texts
+    and padding rows included (engine/graphs.py): the real texts' rows are as packed tight."""
+    from embedx.engine.graphs import CudaGraphs, graph_shapes
+
+    files = resolve(str(tiny_models[shape]))
+    ids = TextTokenizer(files, 64).encode_now(TEXTS[:3]).views()
+    model = EmbeddingModel(files, Pooling(pooling), CPU, "float32")
+    tight = model.forward(to_device(pack(ids), CPU))
+    tokens = sum(map(len, ids))
+    fit = CudaGraphs(dict.fromkeys(graph_shapes(2048, 64))).fit  # type: ignore[arg-type]
+    rows, texts = fit(tokens, len(ids)) or (0, 0)
+    assert rows > tokens
+    assert texts > len(ids)
+    host = pack(ids, fit=fit)
+    shaped = model.forward(packed_views(torch.from_numpy(host.buffer), rows, texts, rows, rows))
+    assert shaped.shape[0] == texts
+    assert torch.allclose(shaped[: len(ids)], tight, atol=1e-5)
 
 
 def test_dtype_auto_is_bf16_on_new_gpus_fp16_on_old_fp32_on_cpu() -> None:

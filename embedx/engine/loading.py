@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from embedx.devices import Accelerator
-from embedx.engine import base64_rows
+from embedx.devices import Accelerator, CudaAccelerator
+from embedx.engine import base64_rows, graphs
 from embedx.engine.probe import Probed, ProbePlan, probe
 from embedx.engine.replica import Replica, ReplicaModel
 from embedx.errors import EmbedxError, InvalidModel, InvalidOption, ModelUnavailable
@@ -131,6 +131,10 @@ async def place(
     probed: Probed | None = None
     try:
         probed = await probe(replica, plan)
+        if isinstance(accelerator, CudaAccelerator) and plan.graph_tokens:
+            most_rows = min(plan.graph_tokens, probed.budget)
+            most_texts = plan.most_texts(probed.budget)
+            replica.graphs = await graphs.capture(model, accelerator, most_rows, most_texts)
         for staging in replica.staging:  # pinned memory for the largest batch, no more
             width = base64_rows.width(model.dimensions)
             staging.reserve(probed.budget, plan.most_texts(probed.budget), width)

@@ -74,6 +74,7 @@ class EngineOptions:
     wrapping: str | None = None
     max_batch_tokens: int = 16384
     max_batch_items: int | None = None
+    cuda_graph_tokens: int = 2048
     device_batch_tokens: dict[str, int] | None = None
     batch_timeout_s: float = 60.0
     smoke_test: bool = True
@@ -89,6 +90,7 @@ class EngineOptions:
             wrapping=settings.wrapping,
             max_batch_tokens=settings.max_batch_tokens,
             max_batch_items=settings.max_batch_items,
+            cuda_graph_tokens=settings.cuda_graph_tokens,
             device_batch_tokens=settings.device_batch_tokens,
             batch_timeout_s=settings.batch_timeout_s,
             smoke_test=settings.smoke_test_on_load,

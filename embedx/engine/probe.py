@@ -41,6 +41,7 @@ class ProbePlan:
     budget_override: int | None  # EMBEDX_DEVICE_BATCH_TOKENS for this device
     max_batch_texts: int
     batch_timeout_s: float
+    graph_tokens: int = 0  # the largest batch a GPU replays as a CUDA graph (graphs.py)
 
     @classmethod
     def of(
@@ -59,6 +60,7 @@ class ProbePlan:
             budget_override=(options.device_batch_tokens or {}).get(accelerator.info.key),
             max_batch_texts=max_batch_texts,
             batch_timeout_s=options.batch_timeout_s,
+            graph_tokens=options.cuda_graph_tokens,
         )
 
     def most_texts(self, budget: int) -> int:

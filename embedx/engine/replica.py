@@ -10,6 +10,7 @@ import numpy as np
 
 from embedx.devices import Accelerator
 from embedx.engine.compact_rows import Compactor, VocabRows
+from embedx.engine.graphs import CudaGraphs
 from embedx.engine.outputs import FLOATS, RowForm, finish_on_device
 from embedx.models.packing import HostBatch, Staging, pack, to_device
 
@@ -54,23 +55,30 @@ class Replica:
         self.compactor = Compactor() if vocab_rows else None
         cuda = accelerator.device.type == "cuda"
         self.staging = [Staging() for _ in range(accelerator.max_inflight)] if cuda else []
+        self.graphs: CudaGraphs | None = None  # captured at load where the model allows
 
     def pack(self, token_ids: Sequence[np.ndarray], slot: int, budget: int) -> HostBatch:
         """On a GPU, in the slot's pinned memory and padded to a row count that was run at
-        load (see packing.token_rows)."""
+        load (see packing.token_rows), or to a CUDA graph's shape where one fits."""
         if not self.staging:
             return pack(token_ids)
-        return pack(token_ids, self.staging[slot], budget)
+        fit = self.graphs.fit if self.graphs is not None else None
+        return pack(token_ids, self.staging[slot], budget, fit)
 
     def run(self, host: HostBatch, slot: int, form: RowForm = FLOATS) -> torch.Tensor:
         """Enqueue one batch (on the accelerator's stream): its rows, made into `form` there,
         land in host memory."""
-        batch = to_device(host, self.accelerator.device)
         vocab_rows = None
         if form.outputs == FLOATS.outputs:
-            rows = finish_on_device(self.model.forward(batch), form)  # (B, D) float32 in
+            if host.graph is not None:  # packed to a shape captured at load (graphs.py)
+                assert self.graphs is not None
+                dense = self.graphs.replay(host)
+            else:
+                dense = self.model.forward(to_device(host, self.accelerator.device))
+            rows = finish_on_device(dense, form)  # (B, D) float32 in
         else:  # a block of several outputs (engine/sparse_rows.py), left raw
             assert isinstance(self.model, ManyOutputs), "outputs asked of a dense model: a bug"
+            batch = to_device(host, self.accelerator.device)
             rows = self.model.forward_outputs(batch, form.outputs)
             if self.compactor is not None:  # SPLADE's (B, V): each row's non-zeros leave
                 vocab_rows, rows = rows, self.compactor.cut(rows, form.top_k)

@@ -29,6 +29,8 @@ class DeviceReport:
     busy_s: float
     launching_s: float  # host seconds, all launches
     padding_rows: int
+    graphs: int  # shapes captured as CUDA graphs at load
+    graph_batches: int  # batches replayed as one of them
     batch_tokens: Histogram = field(repr=False)
     batch_items: Histogram = field(repr=False)
 
@@ -51,6 +53,8 @@ class DeviceReport:
             "busy_s": round(self.busy_s, 3),
             "launching_s": round(self.launching_s, 4),
             "padding_rows": self.padding_rows,
+            "graphs": self.graphs,
+            "graph_batches": self.graph_batches,
         }
 
 
@@ -186,6 +190,8 @@ def _device_report(engine: Engine, worker: DeviceWorker) -> DeviceReport:
         busy_s=slot.busy_s,
         launching_s=slot.launching_s,
         padding_rows=worker.padding_rows,
+        graphs=len(worker.replica.graphs or ()),
+        graph_batches=worker.graph_batches,
         batch_tokens=worker.batch_tokens,
         batch_items=worker.batch_items,
     )

@@ -50,6 +50,7 @@ class DeviceWorker:
         self.batch_tokens = Histogram(TOKEN_BUCKETS)
         self.batch_items = Histogram(BATCH_ITEM_BUCKETS)
         self.padding_rows = 0  # rows a GPU computed past the real tokens (bucketed counts)
+        self.graph_batches = 0  # batches replayed as CUDA graphs (graphs.py)
         self._launches = 0
 
     async def run(self) -> None:
@@ -106,6 +107,7 @@ class DeviceWorker:
             host = self.replica.pack([item.ids for item in claim.items], slot, self.slot.budget)
             launched = self.replica.accelerator.launch(lambda: self.replica.run(host, slot, form))
             self.padding_rows += host.rows - host.tokens
+            self.graph_batches += host.graph is not None
         except Exception as exc:
             self._failed(claim, exc)
             return None

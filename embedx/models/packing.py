@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -51,6 +51,7 @@ class HostBatch:
     count: int  # B
     max_len: int
     pinned: torch.Tensor | None = None  # the same memory as a pinned tensor, if staged there
+    graph: tuple[int, int] | None = None  # (rows, texts) of the CUDA graph it is packed for
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,26 +76,41 @@ class PackedBatch:
 
 
 def pack(
-    token_ids: Sequence[np.ndarray], staging: Staging | None = None, budget: int | None = None
+    token_ids: Sequence[np.ndarray],
+    staging: Staging | None = None,
+    budget: int | None = None,
+    fit: Callable[[int, int], tuple[int, int] | None] | None = None,
 ) -> HostBatch:
     """Pack texts' token ids into one int32 array (in `staging`'s pinned memory if given),
-    without a Python loop over tokens; given the device's `budget`, padded to `token_rows`."""
+    without a Python loop over tokens; given the device's `budget`, padded to `token_rows`.
+
+    `fit(tokens, texts)` may give a fixed (rows, texts) shape a CUDA graph was captured for
+    (engine/graphs.py), with rows > tokens: the batch is then padded to it with empty texts,
+    the last of which holds the padding rows, so the graph's every read stays in bounds."""
     count = len(token_ids)
     lengths = np.fromiter(map(len, token_ids), dtype=np.int32, count=count)
     tokens = int(lengths.sum())
-    rows = token_rows(tokens, budget) if budget is not None else tokens
-    size = 3 * rows + count + 1
+    graph = fit(tokens, count) if fit is not None else None
+    if graph is not None:
+        rows, texts = graph
+    else:
+        rows, texts = (token_rows(tokens, budget) if budget is not None else tokens), count
+    size = 3 * rows + texts + 1
     pinned = staging.input(size) if staging is not None else None
     buffer = pinned.numpy() if pinned is not None else np.empty(size, dtype=np.int32)
     ids, positions, segments, cu = np.split(buffer, [rows, 2 * rows, 3 * rows])
     np.concatenate(token_ids, out=ids[:tokens], casting="unsafe")
     cu[0] = 0
-    np.cumsum(lengths, out=cu[1:])
-    positions[:tokens] = np.arange(tokens, dtype=np.int32) - np.repeat(cu[:-1], lengths)
+    np.cumsum(lengths, out=cu[1 : count + 1])
+    positions[:tokens] = np.arange(tokens, dtype=np.int32) - np.repeat(cu[:count], lengths)
     segments[:tokens] = np.repeat(np.arange(count, dtype=np.int32), lengths)
-    for column in (ids, positions, segments):  # padding rows: id, position and text 0
-        column[tokens:] = 0
-    return HostBatch(buffer, tokens, rows, count, int(lengths.max()), pinned)
+    ids[tokens:] = 0  # padding rows: id 0, position 0, and the last text's (or text 0's)
+    positions[tokens:] = 0
+    segments[tokens:] = texts - 1 if graph is not None else 0
+    cu[count + 1 :] = tokens  # a graph's empty texts, the last ending at the last row
+    if graph is not None:
+        cu[texts] = rows
+    return HostBatch(buffer, tokens, rows, count, int(lengths.max()), pinned, graph)
 
 
 class Staging:
@@ -142,7 +158,14 @@ def to_device(host: HostBatch, device: torch.device) -> PackedBatch:
     staged = host.pinned if host.pinned is not None else torch.from_numpy(host.buffer)
     if device.type != "cpu":
         staged = staged.to(device, non_blocking=host.pinned is not None)
-    r = host.rows
+    return packed_views(staged, host.rows, host.count, host.max_len, host.tokens)
+
+
+def packed_views(
+    staged: torch.Tensor, rows: int, count: int, max_len: int, tokens: int
+) -> PackedBatch:
+    """The batch's tensors read from its one int32 array (HostBatch.buffer's layout)."""
+    r = rows
     cu = staged[3 * r :]
     return PackedBatch(
         input_ids=staged[:r],
@@ -150,7 +173,7 @@ def to_device(host: HostBatch, device: torch.device) -> PackedBatch:
         segments=staged[2 * r : 3 * r].long(),
         cu_seqlens=cu,
         lengths=(cu[1:] - cu[:-1]).float(),
-        count=host.count,
-        max_len=host.max_len,
-        tokens=host.tokens,
+        count=count,
+        max_len=max_len,
+        tokens=tokens,
     )
