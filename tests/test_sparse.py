@@ -87,6 +87,45 @@ def test_splade_through_transformers_equals_sentence_transformers(
     assert np.abs(rows - expected).max() < TOLERANCE
 
 
+@pytest.mark.parametrize("pooling", SPLADE_POOLINGS)
+@pytest.mark.parametrize("pool", ["_by_segments", "_by_scatter"])  # a GPU's, a CPU's
+def test_the_decoder_runs_on_chunks_of_tokens_and_texts_across_chunks_pool_whole(
+    splade: dict[str, Path], texts: list[str], pooling: str, pool: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """At most CHUNK logits exist at once: here 7 tokens' a chunk, so that most texts span
+    several, each pooled from all its tokens as SparseEncoder pools them."""
+    from embedx.models import splade as splade_module
+    from embedx.models.packing import pack, to_device
+    from embedx.models.source import resolve
+    from embedx.models.splade import SpladeModel
+    from embedx.models.task import task_of
+    from embedx.models.tokenizer import TextTokenizer
+
+    files = resolve(str(splade[pooling]))
+    splade_pooling = task_of(files.config, files.directory).splade
+    assert splade_pooling is not None
+    cpu = torch.device("cpu")
+    model = SpladeModel(files, splade_pooling, cpu, "float32")
+    model._pool = getattr(splade_module, pool)
+    monkeypatch.setattr(splade_module, "CHUNK", 7 * model.dimensions)
+    chunks: list[int] = []
+    decode = model.logits
+
+    def counted(states: torch.Tensor) -> torch.Tensor:
+        chunks.append(len(states))
+        logits: torch.Tensor = decode(states)
+        return logits
+
+    model.logits = counted
+    ids = TextTokenizer(files, 512).encode_now(texts).views()
+    rows = model.forward(to_device(pack(ids), cpu)).numpy()
+    assert max(chunks) == 7
+    assert sum(chunks) == sum(len(row) for row in ids)
+    expected = sparse_encoder_rows(splade[pooling], texts)
+    assert np.abs(rows - expected).max() < TOLERANCE
+
+
 def test_a_stated_splade_pooling_makes_a_masked_lm_sparse(
     splade: dict[str, Path], texts: list[str]
 ) -> None:
