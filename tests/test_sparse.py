@@ -179,8 +179,8 @@ def test_each_row_leaves_the_device_as_its_non_zeros_within_the_capacity() -> No
     assert block.numel() == 1 + len(rows) * (1 + 2 * k)  # k weights and ids a row, and its count
     assert block.numel() < rows.numel() / 50
     for b in range(len(rows)):
-        assert_same_row(read.row(b, None), rows[b].numpy())
-        assert_same_row(read.row(b, 2), rows[b].numpy(), top=2)
+        assert_same_row(read.sparse(None).row(b), rows[b].numpy())
+        assert_same_row(read.sparse(2).row(b), rows[b].numpy(), top=2)
 
 
 def test_with_top_k_each_row_sends_at_most_k_weights() -> None:
@@ -188,7 +188,7 @@ def test_with_top_k_each_row_sends_at_most_k_weights() -> None:
     block, read = cut_and_read(Compactor(), rows, top_k=5)
     assert block.numel() == 1 + len(rows) * (1 + 2 * 5)
     for b in range(len(rows)):
-        assert_same_row(read.row(b, 5), rows[b].numpy(), top=5)
+        assert_same_row(read.sparse(5).row(b), rows[b].numpy(), top=5)
 
 
 def test_a_row_past_the_capacity_comes_whole_and_the_capacity_grows_to_cover_it() -> None:
@@ -196,11 +196,13 @@ def test_a_row_past_the_capacity_comes_whole_and_the_capacity_grows_to_cover_it(
     compactor = Compactor()
     _, read = cut_and_read(compactor, rows)
     for b in range(len(rows)):
-        assert_same_row(read.row(b, None), rows[b].numpy())
+        assert_same_row(read.sparse(None).row(b), rows[b].numpy())
+        top = FIRST_CAPACITY + 10  # past the cut too
+        assert_same_row(read.sparse(top).row(b), rows[b].numpy(), top=top)
     assert compactor.capacity == 2 * FIRST_CAPACITY  # a power of two, at most twice the most
     block, read = cut_and_read(compactor, rows)
     assert block.numel() == 1 + len(rows) * (1 + 4 * FIRST_CAPACITY)
-    assert_same_row(read.row(1, None), rows[1].numpy())
+    assert_same_row(read.sparse(None).row(1), rows[1].numpy())
 
 
 def test_rows_too_full_for_a_cut_come_back_whole() -> None:
@@ -209,7 +211,7 @@ def test_rows_too_full_for_a_cut_come_back_whole() -> None:
     compactor.capacity = 512  # 2k + 1 >= V: a cut would send more than the rows
     block, read = cut_and_read(compactor, rows)
     assert block.numel() == 1 + rows.numel()
-    assert_same_row(read.row(1, None), rows[1].numpy())
+    assert_same_row(read.sparse(None).row(1), rows[1].numpy())
 
 
 def assert_same_row(row: SparseRow, whole: np.ndarray, top: int | None = None) -> None:

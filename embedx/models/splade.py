@@ -141,7 +141,9 @@ class SpladeModel:
                 self._pool(rows, values, batch, start, end, "max" if most else "sum")
             return self._activate(rows.float()) if most else rows  # log1p after the max: it rises
 
-    def forward_outputs(self, batch: PackedBatch, outputs: tuple[str, ...]) -> torch.Tensor:
+    def forward_outputs(
+        self, batch: PackedBatch, outputs: tuple[str, ...], unit: bool = False
+    ) -> torch.Tensor:
         """A SPLADE model's one output, its sparse rows: (B, V) as `forward` gives them."""
         return self.forward(batch)
 
