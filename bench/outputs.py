@@ -9,13 +9,16 @@ each, and its ratio to the same engine's float rows.
   `--splade-nonzeros` weights, as a trained SPLADE's have (0: left as built, nearly every
   weight above 0). `sparse`, `sparse` with `--top-k`, and `sparse_whole_rows` (the rows sent
   whole and scanned on the host, as before they were cut on the device); against `float`,
-  the rows of an encoder of the same shape (random weights, CLS pooling) loaded beside it.
+  the same model's encoder loaded beside it as a dense one (CLS pooling, its MLM head unused).
 - m3: BGE-M3's heads on a random encoder (`--m3-shape`, xlm-roberta-large as BGE-M3 is):
-  `float` (its dense rows), `sparse`, `dense_sparse` and `colbert`.
+  `float` (its dense rows), `int8` and `binary` (them quantized on the device), `sparse`,
+  `dense_sparse` and `colbert`.
 
 Each trial runs once as a warm-up, then --runs times, the trials taking turns (common.py);
 `tokens_per_s` is from the median run, `to_float` the median, round by round, of float's
-seconds over the trial's (above 1: faster than float). Tokenization included.
+seconds over the trial's (above 1: faster than float); `deliver_s` each run's seconds of the
+event loop delivering batches (their rows read into the request), which on a GPU the next launch
+waits behind. Tokenization included.
 """
 
 from __future__ import annotations
@@ -110,28 +113,60 @@ def build_m3(shape: str, directory: Path, tokenizer: Path, tiny: bool, device: s
         )
 
 
-async def measure(trials: dict[str, Trial], runs: int) -> dict[str, Any]:
-    """Each trial's tokens/s and its ratio to `float`, taken in turns after a warm-up each."""
+class DeliverClock:
+    """Seconds the event loop spends delivering finished batches (`DeviceWorker._deliver`:
+    their rows read into their requests), while entered: host work that holds back the next
+    launch."""
 
-    def timed(trial: Trial) -> Callable[[], Awaitable[tuple[float, int]]]:
-        async def run() -> tuple[float, int]:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __enter__(self) -> DeliverClock:
+        from embedx.engine.worker import DeviceWorker
+
+        self._deliver = deliver = DeviceWorker._deliver
+
+        def timed(worker: DeviceWorker, *args: Any) -> None:
             started = time.perf_counter()
-            result = await trial()
-            return time.perf_counter() - started, result.tokens
+            try:
+                deliver(worker, *args)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+        DeviceWorker._deliver = timed  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from embedx.engine.worker import DeviceWorker
+
+        DeviceWorker._deliver = self._deliver  # type: ignore[method-assign]
+
+
+async def measure(trials: dict[str, Trial], runs: int) -> dict[str, Any]:
+    """Each trial's tokens/s and its ratio to `float`, taken in turns after a warm-up each;
+    and the seconds of each run that the loop spent delivering batches (`DeliverClock`)."""
+
+    def timed(trial: Trial) -> Callable[[], Awaitable[tuple[float, int, float]]]:
+        async def run() -> tuple[float, int, float]:
+            with DeliverClock() as clock:
+                started = time.perf_counter()
+                result = await trial()
+                return time.perf_counter() - started, result.tokens, clock.seconds
 
         return run
 
     for trial in trials.values():
         await trial()
     got = await take_turns({name: timed(trial) for name, trial in trials.items()}, runs)
-    base = [seconds for seconds, _ in got["float"]]
+    base = [seconds for seconds, _, _ in got["float"]]
     figures = {}
     for name, results in got.items():
-        seconds = [s for s, _ in results]
+        seconds = [s for s, _, _ in results]
         tokens = results[0][1]
         figures[name] = {
             "tokens": tokens,
             "runs_s": [round(s, 4) for s in seconds],
+            "deliver_s": [round(d, 4) for _, _, d in results],
             "tokens_per_s": round(tokens / statistics.median(seconds)),
             "to_float": round(paired_ratio(base, seconds), 4),
         }
@@ -181,11 +216,10 @@ async def bench_splade(texts: list[str], args: argparse.Namespace, work: Path) -
     splade = work / "splade"
     build_splade(args.splade_shape, splade, tokenizer, texts, args.splade_nonzeros, args.tiny,
                  args.device)  # fmt: skip
-    dense, pooling, length = model_directory(args.splade_shape, work, args.tiny, args.device)
-    engine = await open_engine(splade, "splade", length, args.devices, args.max_batch_tokens,
+    engine = await open_engine(splade, "splade", 512, args.devices, args.max_batch_tokens,
                                name="splade")  # fmt: skip
-    encoder = await open_engine(dense, pooling, length, args.devices, args.max_batch_tokens,
-                                name=args.splade_shape)  # fmt: skip
+    encoder = await open_engine(splade, "cls", 512, args.devices, args.max_batch_tokens,
+                                name="splade encoder")  # fmt: skip
     try:
         sample = await engine.embed(texts[:256], EmbedOptions(outputs=("sparse",)))
         assert sample.sparse is not None
@@ -217,6 +251,8 @@ async def bench_m3(texts: list[str], args: argparse.Namespace, work: Path) -> di
     try:
         trials = {
             "float": _encoded(engine, texts, "float"),
+            "int8": _encoded(engine, texts, "int8"),
+            "binary": _encoded(engine, texts, "binary"),
             "sparse": _outputs(engine, texts, "sparse"),
             "dense_sparse": _outputs(engine, texts, "dense", "sparse"),
             "colbert": _outputs(engine, texts, "colbert"),

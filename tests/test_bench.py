@@ -177,9 +177,11 @@ def test_outputs_measures_every_form_against_float(tmp_path: Path) -> None:
     assert set(result["minilm"]["trials"]) == {"float", "base64", "int8", "binary"}
     assert set(result["splade"]["trials"]) == {"float", "sparse", "sparse_top_k",
                                                "sparse_whole_rows"}  # fmt: skip
-    assert set(result["m3"]["trials"]) == {"float", "sparse", "dense_sparse", "colbert"}
+    assert set(result["m3"]["trials"]) == {"float", "int8", "binary", "sparse", "dense_sparse",
+                                           "colbert"}  # fmt: skip
     assert 0 < result["splade"]["nonzeros_per_text"] < result["splade"]["vocabulary"] / 10
     for group in ("minilm", "splade", "m3"):
         trials = result[group]["trials"]
         assert trials["float"]["to_float"] == 1.0
         assert all(t["tokens_per_s"] > 0 and t["to_float"] > 0 for t in trials.values())
+        assert all(len(t["deliver_s"]) == 1 for t in trials.values())

@@ -26,6 +26,7 @@ from tests.support.fakes import oom, spin_gpu, wrap
 from tests.support.models import (
     build_sparser_splade,
     build_tiny_causal_reranker,
+    build_tiny_m3,
     build_tiny_splade,
 )
 from tests.support.reference import decoded, forward
@@ -355,6 +356,32 @@ def test_splade_rows_cut_on_the_gpu_equal_sparse_encoders(
     assert np.abs(got - expected).max() < 1e-4
     counts = np.count_nonzero(expected, axis=1)
     assert [len(row.indices) for row in pruned] == np.minimum(counts, 4).tolist()
+
+
+def test_bge_m3_outputs_merged_on_the_gpu_equal_the_cpus(
+    tmp_path: Path, reference_texts: list[str]
+) -> None:
+    """BGE-M3's sparse weights merged and ColBERT vectors cut and normalized on the device
+    (models/m3.py), in float32: the CPU's, which test_m3.py holds to BGEM3FlagModel's."""
+    from embedx.models.m3 import convert_heads
+
+    directory = build_tiny_m3(tmp_path, reference_texts)
+    convert_heads(directory)
+    texts = [*reference_texts[:40], "a", "the the the"]
+    found = {}
+    for devices in ("cpu", "0"):
+        with Embedder(directory, pooling="cls", dtype="float32", devices=devices) as embedder:
+            found[devices] = (embedder.embed_outputs(texts),
+                              embedder.embed_sparse(texts, top_k=3))  # fmt: skip
+    (cpu, cpu_top), (gpu, gpu_top) = found["cpu"], found["0"]
+    assert np.abs(gpu["dense"] - cpu["dense"]).max() < 1e-4
+    for rows in ((gpu["sparse"], cpu["sparse"]), (gpu_top, cpu_top)):
+        for got, want in zip(*rows, strict=True):
+            assert got.indices.tolist() == want.indices.tolist()
+            assert np.abs(got.values - want.values).max(initial=0) < 1e-4
+    for got, want in zip(gpu["colbert"], cpu["colbert"], strict=True):
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() < 1e-4
 
 
 def test_a_causal_lm_reranker_on_the_gpu_scores_as_cross_encoder_does(

@@ -118,6 +118,69 @@ def test_any_subset_of_outputs_is_asked_for_alone(
     assert set(colbert) == {"colbert"}
 
 
+def test_requests_sharing_a_batch_read_its_merged_block_each_as_it_asked(
+    m3: Path, reference: dict[str, Any], texts: list[str]
+) -> None:
+    """The device merges the sparse weights and drops each text's first token's vector; the
+    host only reads them out. Four requests share one batch: ColBERT vectors raw and
+    normalized (the batch's block holds them raw: the host normalizes one request's), sparse
+    rows whole and pruned to 2."""
+    import torch
+
+    from embedx.engine.outputs import batch_form, settle, write_batch
+    from embedx.engine.sparse_rows import MultiRows, settle_outputs
+    from embedx.models.loader import embedding_model
+    from embedx.models.m3 import M3Model
+    from embedx.models.packing import pack, to_device
+    from embedx.models.pooling import Pooling
+    from embedx.models.source import resolve
+    from embedx.models.task import task_of
+    from embedx.models.tokenizer import TextTokenizer
+    from embedx.scheduling.work import Item, Job
+
+    files = resolve(str(m3))
+    task = task_of(files.config, files.directory)
+    cpu = torch.device("cpu")
+    model = embedding_model(files, task, Pooling.CLS, cpu, "float32")
+    assert isinstance(model, M3Model)
+    asks = [(("colbert",), False, None), (("colbert",), True, None), (("sparse",), True, None),
+            (("sparse",), True, 2)]  # fmt: skip
+    jobs = [Job(len(texts)) for _ in asks]
+    for job, (outputs, normalize, top_k) in zip(jobs, asks, strict=True):
+        multi = settle_outputs(task, "m3", outputs, top_k)
+        spec = settle(width=model.dimensions, model_normalizes=False, default_normalize=True,
+                      dimensions=None, normalize=normalize, multi=multi)  # fmt: skip
+        job.out = spec.rows(len(texts))
+    ids = TextTokenizer(files, 512).encode_now(texts).views()
+    # one batch of every request's texts
+    mixed = [Item(job, i, len(row), row) for job in jobs for i, row in enumerate(ids)]
+    form = batch_form(mixed, None)
+    assert form.outputs == ("sparse", "colbert")
+    assert not form.unit
+    block = model.forward_outputs(to_device(pack([item.ids for item in mixed]), cpu),
+                                  form.outputs, form.unit)  # fmt: skip
+    tokens = sum(item.length for item in mixed)
+    vectors = (tokens - len(mixed)) * len(reference["colbert_vecs"][0][0])
+    assert block.numel() == len(mixed) + 1 + 2 * tokens + vectors  # no weight a token is left
+    write_batch(mixed, None, block.numpy(), form)
+    raw, unit, whole, pruned = (job.out for job in jobs)
+    assert isinstance(raw, MultiRows)
+    assert isinstance(unit, MultiRows)
+    assert_colbert_equal(unit.colbert, reference["colbert_vecs"])
+    norms = [np.linalg.norm(v, axis=1) for v in raw.colbert]
+    assert not np.allclose(np.concatenate(norms), 1)
+    assert_colbert_equal([v / n[:, None] for v, n in zip(raw.colbert, norms, strict=True)],
+                         reference["colbert_vecs"])  # fmt: skip
+    assert isinstance(whole, MultiRows)
+    assert isinstance(pruned, MultiRows)
+    assert_sparse_equal(whole.sparse, reference["lexical_weights"])
+    for full, top in zip(whole.sparse, pruned.sparse, strict=True):
+        assert len(top.indices) == min(2, len(full.indices))
+        assert np.isin(top.indices, full.indices).all()
+        assert np.all(np.diff(top.indices) > 0)
+        assert top.values.min(initial=np.inf) >= np.sort(full.values)[-2:].min(initial=0)
+
+
 def test_pickled_heads_are_refused_naming_the_conversion(pickled: Path, m3: Path) -> None:
     with pytest.raises(PickleOnlyWeights, match="embedx convert-heads DIR"):
         Embedder(pickled, pooling="cls")

@@ -87,6 +87,45 @@ def test_splade_through_transformers_equals_sentence_transformers(
     assert np.abs(rows - expected).max() < TOLERANCE
 
 
+@pytest.mark.parametrize("pooling", SPLADE_POOLINGS)
+@pytest.mark.parametrize("pool", ["_by_segments", "_by_scatter"])  # a GPU's, a CPU's
+def test_the_decoder_runs_on_chunks_of_tokens_and_texts_across_chunks_pool_whole(
+    splade: dict[str, Path], texts: list[str], pooling: str, pool: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """At most CHUNK logits exist at once: here 7 tokens' a chunk, so that most texts span
+    several, each pooled from all its tokens as SparseEncoder pools them."""
+    from embedx.models import splade as splade_module
+    from embedx.models.packing import pack, to_device
+    from embedx.models.source import resolve
+    from embedx.models.splade import SpladeModel
+    from embedx.models.task import task_of
+    from embedx.models.tokenizer import TextTokenizer
+
+    files = resolve(str(splade[pooling]))
+    splade_pooling = task_of(files.config, files.directory).splade
+    assert splade_pooling is not None
+    cpu = torch.device("cpu")
+    model = SpladeModel(files, splade_pooling, cpu, "float32")
+    model._pool = getattr(splade_module, pool)
+    monkeypatch.setattr(splade_module, "CHUNK", 7 * model.dimensions)
+    chunks: list[int] = []
+    decode = model.logits
+
+    def counted(states: torch.Tensor) -> torch.Tensor:
+        chunks.append(len(states))
+        logits: torch.Tensor = decode(states)
+        return logits
+
+    model.logits = counted
+    ids = TextTokenizer(files, 512).encode_now(texts).views()
+    rows = model.forward(to_device(pack(ids), cpu)).numpy()
+    assert max(chunks) == 7
+    assert sum(chunks) == sum(len(row) for row in ids)
+    expected = sparse_encoder_rows(splade[pooling], texts)
+    assert np.abs(rows - expected).max() < TOLERANCE
+
+
 def test_a_stated_splade_pooling_makes_a_masked_lm_sparse(
     splade: dict[str, Path], texts: list[str]
 ) -> None:
@@ -140,8 +179,8 @@ def test_each_row_leaves_the_device_as_its_non_zeros_within_the_capacity() -> No
     assert block.numel() == 1 + len(rows) * (1 + 2 * k)  # k weights and ids a row, and its count
     assert block.numel() < rows.numel() / 50
     for b in range(len(rows)):
-        assert_same_row(read.row(b, None), rows[b].numpy())
-        assert_same_row(read.row(b, 2), rows[b].numpy(), top=2)
+        assert_same_row(read.sparse(None).row(b), rows[b].numpy())
+        assert_same_row(read.sparse(2).row(b), rows[b].numpy(), top=2)
 
 
 def test_with_top_k_each_row_sends_at_most_k_weights() -> None:
@@ -149,7 +188,7 @@ def test_with_top_k_each_row_sends_at_most_k_weights() -> None:
     block, read = cut_and_read(Compactor(), rows, top_k=5)
     assert block.numel() == 1 + len(rows) * (1 + 2 * 5)
     for b in range(len(rows)):
-        assert_same_row(read.row(b, 5), rows[b].numpy(), top=5)
+        assert_same_row(read.sparse(5).row(b), rows[b].numpy(), top=5)
 
 
 def test_a_row_past_the_capacity_comes_whole_and_the_capacity_grows_to_cover_it() -> None:
@@ -157,11 +196,13 @@ def test_a_row_past_the_capacity_comes_whole_and_the_capacity_grows_to_cover_it(
     compactor = Compactor()
     _, read = cut_and_read(compactor, rows)
     for b in range(len(rows)):
-        assert_same_row(read.row(b, None), rows[b].numpy())
+        assert_same_row(read.sparse(None).row(b), rows[b].numpy())
+        top = FIRST_CAPACITY + 10  # past the cut too
+        assert_same_row(read.sparse(top).row(b), rows[b].numpy(), top=top)
     assert compactor.capacity == 2 * FIRST_CAPACITY  # a power of two, at most twice the most
     block, read = cut_and_read(compactor, rows)
     assert block.numel() == 1 + len(rows) * (1 + 4 * FIRST_CAPACITY)
-    assert_same_row(read.row(1, None), rows[1].numpy())
+    assert_same_row(read.sparse(None).row(1), rows[1].numpy())
 
 
 def test_rows_too_full_for_a_cut_come_back_whole() -> None:
@@ -170,7 +211,7 @@ def test_rows_too_full_for_a_cut_come_back_whole() -> None:
     compactor.capacity = 512  # 2k + 1 >= V: a cut would send more than the rows
     block, read = cut_and_read(compactor, rows)
     assert block.numel() == 1 + rows.numel()
-    assert_same_row(read.row(1, None), rows[1].numpy())
+    assert_same_row(read.sparse(None).row(1), rows[1].numpy())
 
 
 def assert_same_row(row: SparseRow, whole: np.ndarray, top: int | None = None) -> None:

@@ -1,6 +1,6 @@
 """SPLADE's vocabulary-wide rows cut on their device to what each row needs (its non-zero
 weights, or its request's top k), so that a batch sends (B, k) weights and ids to the host, not
-(B, V) floats; and read back on the host, exactly.
+(B, V) floats; and read back on the host, exactly, a batch at a time.
 
 A row's count of non-zeros is known only once the forward has run. Sizing the copy to it would
 make the launch, which runs on the event loop, wait for the device; or take a second copy
@@ -10,11 +10,12 @@ replica has had, to a power of two (at most twice the need, and a bounded set of
 the batch's top_k where every request asks one. A row with more non-zeros than that (the first
 batches, until the capacity has grown) is copied whole, when its batch is delivered, from the
 batch's rows kept on the device until then: a copy on the loop's own stream, which nothing is
-queued on, so it waits for that row alone. Rows too full for the cut to save anything come
+queued on, so it waits for those rows alone. Rows too full for the cut to save anything come
 back whole, as before.
 
 A batch's block, one float32 array, its int32 parts bit for bit:
-    k | counts (B,) | weights (B, k) | ids (B, k)      each row's largest first, then zeros
+    k | counts (B,) | weights (B, k) | ids (B, k)      each row's non-zeros among its k largest,
+                                                      ids ascending, then its zeros (id V)
     DENSE | rows (B, V)                               where 2k + 1 >= V
 """
 
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embedx.engine.sparse_rows import SparseRow
+from embedx.engine.sparse_rows import SparseRows
 
 if TYPE_CHECKING:
     import torch
@@ -61,6 +62,9 @@ class Compactor:
             return torch.cat([header.fill_(DENSE).view(torch.float32), rows.reshape(-1)])[None]
         counts = (rows > 0).sum(1, dtype=torch.int32)  # (B,)
         weights, ids = rows.topk(k, dim=1)  # (B, k) each, largest first: the non-zeros lead
+        # ids ascending, the zeros (ranked past V) last: the host takes each row's lead as it is
+        ids, order = torch.where(weights > 0, ids, vocab).sort(dim=1)
+        weights = weights.gather(1, order)
         parts = [header.fill_(k), counts, weights, ids.to(torch.int32)]
         return torch.cat([p.view(torch.float32).reshape(-1) for p in parts])[None]
 
@@ -85,8 +89,8 @@ class Compactor:
 
 
 class VocabRows:
-    """A batch's sparse rows read from its block (views of the host buffer, valid until the
-    slot's next launch); a row the cut left short is copied whole from the device."""
+    """A batch's sparse rows as its block holds them (views of the host buffer, valid until the
+    slot's next launch), and on the device whole."""
 
     __slots__ = ("counts", "device_rows", "ids", "k", "rows", "weights")
 
@@ -105,19 +109,24 @@ class VocabRows:
         self.ids = block[start + count * k : start + 2 * count * k].view(np.int32)
         self.ids = self.ids.reshape(count, k)
 
-    def row(self, b: int, top_k: int | None) -> SparseRow:
-        """Text b's row: all its non-zeros, or its `top_k` largest, ids ascending."""
+    def sparse(self, top_k: int | None) -> SparseRows:
+        """The batch's rows: all their non-zeros, or their `top_k` largest, ids ascending."""
         if self.k == DENSE:
-            return nonzero(self.rows[b])
-        wanted = int(self.counts[b]) if top_k is None else min(int(self.counts[b]), top_k)
-        if wanted > self.k:  # cut short: the whole row, from the device
-            return nonzero(self.device_rows[b].cpu().numpy())
-        ids = self.ids[b, :wanted]
-        order = np.argsort(ids)
-        return SparseRow(ids[order].astype(np.int64), self.weights[b, :wanted][order])
-
-
-def nonzero(row: np.ndarray) -> SparseRow:
-    """A whole (V,) row's non-zeros."""
-    indices = np.flatnonzero(row)
-    return SparseRow(indices.astype(np.int64), row[indices].astype(np.float32))
+            return SparseRows.of_dense(self.rows).top(top_k)
+        counts = self.counts.astype(np.intp)
+        wanted = counts if top_k is None else np.minimum(counts, top_k)
+        short = np.flatnonzero(wanted > self.k)  # rows the cut left short: whole, from the device
+        held = np.minimum(counts, self.k)  # each row's non-zeros in the block, its lead
+        held[short] = 0
+        lead = np.arange(self.k) < held[:, None]  # (B, k)
+        row = np.repeat(np.arange(len(counts)), held)
+        ids, weights = self.ids[lead], self.weights[lead]  # copies, in row order
+        if len(short):
+            whole = self.device_rows[short.tolist()].cpu().numpy()  # (S, V)
+            more, more_ids = np.nonzero(whole)
+            row = np.concatenate([row, short[more]])
+            order = np.argsort(row, kind="stable")  # each row's entries together, ids ascending
+            row = row[order]
+            ids = np.concatenate([ids, more_ids])[order]
+            weights = np.concatenate([weights, whole[more, more_ids]])[order]
+        return SparseRows.of_entries(len(counts), row, ids, weights).top(top_k)

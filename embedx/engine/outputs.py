@@ -73,8 +73,8 @@ class RowForm:
     """What a device makes of a batch's rows before they come back: L2-normalized (`unit`),
     then given in `encodings` (`ENCODINGS`' names, in its order): float32 rows as they are,
     any other as each row's bytes, every encoding's side by side. With `outputs` beyond dense
-    rows, a flat block of them, left raw (engine/sparse_rows.py), SPLADE's rows cut to their
-    non-zeros, or to `top_k` (engine/compact_rows.py)."""
+    rows, a flat block of them (engine/sparse_rows.py), SPLADE's rows cut to their non-zeros,
+    or to `top_k` (engine/compact_rows.py); `unit` then L2-normalizes the ColBERT vectors."""
 
     unit: bool = False
     encodings: tuple[str, ...] = FLOAT
@@ -150,7 +150,9 @@ class OutputSpec:
         """What the device makes of this request's rows: finished ones at full width; raw
         ones to be cut, which are normalized and encoded on the host after the cut."""
         if self.multi is not None:
-            return RowForm(outputs=self.multi.outputs, top_k=self.multi.top_k)
+            colbert = "colbert" in self.multi.outputs
+            unit = colbert and (self.normalize or self.model_normalizes)
+            return RowForm(unit=unit, outputs=self.multi.outputs, top_k=self.multi.top_k)
         if self.cut:
             return FLOATS
         return RowForm(unit=self.normalize or self.model_normalizes, encodings=self.encodings)
@@ -347,7 +349,7 @@ def _write_block(
         return  # every request that asked beyond dense rows is gone
     assert multi.vocab_rows == (vocab is not None), "SPLADE's rows not read as such: a bug"
     width = requests[0][0].spec.width
-    parts = sparse_rows.Block(items, block, form.outputs, width, vocab)
+    parts = sparse_rows.Block(items, block, form, width, vocab)
     for out, indices, picked in requests:
         if isinstance(out, sparse_rows.MultiRows):
             out.write_block(parts, indices, picked)
@@ -377,7 +379,7 @@ def finish_on_device(rows: torch.Tensor, form: RowForm) -> torch.Tensor:
     import torch
     import torch.nn.functional as F
 
-    if form.unit:  # never with outputs beyond dense rows: their block is left raw
+    if form.unit:  # never with outputs beyond dense rows: forward_outputs makes those
         rows = F.normalize(rows, dim=1, eps=1e-12)
     if not form.encoded:
         return rows

@@ -40,8 +40,11 @@ class ManyOutputs(Protocol):
 
     vocab_rows: bool  # its sparse rows are (B, V), cut by the engine (engine/compact_rows.py)
 
-    def forward_outputs(self, batch: PackedBatch, outputs: tuple[str, ...]) -> torch.Tensor:
-        """(N, W) float32: the batch's `outputs`, flat, as engine/sparse_rows.py reads them."""
+    def forward_outputs(
+        self, batch: PackedBatch, outputs: tuple[str, ...], unit: bool
+    ) -> torch.Tensor:
+        """(N, W) float32: the batch's `outputs`, flat, as engine/sparse_rows.py reads them;
+        its ColBERT vectors L2-normalized if `unit`."""
         ...
 
 
@@ -76,10 +79,10 @@ class Replica:
             else:
                 dense = self.model.forward(to_device(host, self.accelerator.device))
             rows = finish_on_device(dense, form)  # (B, D) float32 in
-        else:  # a block of several outputs (engine/sparse_rows.py), left raw
+        else:  # a block of several outputs (engine/sparse_rows.py)
             assert isinstance(self.model, ManyOutputs), "outputs asked of a dense model: a bug"
             batch = to_device(host, self.accelerator.device)
-            rows = self.model.forward_outputs(batch, form.outputs)
+            rows = self.model.forward_outputs(batch, form.outputs, form.unit)
             if self.compactor is not None:  # SPLADE's (B, V): each row's non-zeros leave
                 vocab_rows, rows = rows, self.compactor.cut(rows, form.top_k)
         out = rows

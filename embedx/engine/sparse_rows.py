@@ -1,12 +1,14 @@
 """Rows beyond one dense vector a text: sparse rows (SPLADE's vocabulary-wide ones, BGE-M3's token
 weights merged by id) and ColBERT token vectors. What a request asks of them is settled once; a
-batch's flat block from the device is read back into each request's rows on the host; the rows
-are finished (top-k, normalized) once the request is whole.
+batch's flat block from the device is read back into each request's rows on the host, a batch
+at a time (no work a text but taking its views).
 
 A batch's block holds the outputs its requests want, in `OUTPUTS`' order, each flattened:
-dense (B, D) rows; sparse rows (SPLADE's, cut on the device to each row's non-zeros:
-engine/compact_rows.py) or (T,) token weights (BGE-M3: one float a token, merged by id here);
-colbert (T, C) token vectors, a text's first token's among them (BGE-M3 gives none for it).
+dense (B, D) rows; sparse rows: SPLADE's, cut on the device to each row's non-zeros
+(engine/compact_rows.py), or BGE-M3's token weights merged by id on the device, its int32 parts
+bit for bit: offsets (B + 1) | ids (T) | weights (T), text b's ids ascending at
+offsets[b]:offsets[b + 1] (models/m3.py); colbert (T - B, C) token vectors, every token's but
+each text's first (BGE-M3 gives none for it), L2-normalized there where the batch's form says.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from embedx.errors import InvalidOption, WrongModelTask
 
 if TYPE_CHECKING:
     from embedx.engine.compact_rows import VocabRows
-    from embedx.engine.outputs import OutputSpec
+    from embedx.engine.outputs import OutputSpec, RowForm
     from embedx.models.task import ModelTask
     from embedx.scheduling import Item
 
@@ -39,13 +41,58 @@ class SparseRow:
 
 
 @dataclass(frozen=True, slots=True)
+class SparseRows:
+    """A batch's sparse rows end to end: text b's ids (ascending) and weights are
+    indices[offsets[b]:offsets[b + 1]] and values[...], arrays of their own."""
+
+    offsets: np.ndarray  # (B + 1,) intp
+    indices: np.ndarray  # (N,) int64
+    values: np.ndarray  # (N,) float32
+
+    @classmethod
+    def of_entries(
+        cls, count: int, rows: np.ndarray, indices: np.ndarray, values: np.ndarray
+    ) -> SparseRows:
+        """From entries in row order, each row's ids ascending (arrays of their own)."""
+        offsets = np.zeros(count + 1, np.intp)
+        np.cumsum(np.bincount(rows, minlength=count), out=offsets[1:])
+        # contiguous: a 2-d array's np.nonzero gives strided views, and rows are sent as they are
+        return cls(offsets, np.ascontiguousarray(indices, np.int64),
+                   np.ascontiguousarray(values, np.float32))  # fmt: skip
+
+    @classmethod
+    def of_dense(cls, rows: np.ndarray) -> SparseRows:
+        """(B, V) whole rows' non-zeros."""
+        row, indices = np.nonzero(rows)
+        return cls.of_entries(len(rows), row, indices, rows[row, indices])
+
+    def row(self, b: int) -> SparseRow:
+        """Text b's row: views of this batch's arrays."""
+        start, end = self.offsets[b], self.offsets[b + 1]
+        return SparseRow(self.indices[start:end], self.values[start:end])
+
+    def top(self, k: int | None) -> SparseRows:
+        """Each row's k largest weights (all with k None), its ids still ascending."""
+        lengths = np.diff(self.offsets)
+        if k is None or lengths.max(initial=0) <= k:
+            return self
+        rows = np.repeat(np.arange(len(lengths)), lengths)
+        order = np.lexsort((-self.values, rows))  # by row, then largest first
+        rank = np.empty(len(order), np.intp)
+        rank[order] = np.arange(len(order)) - self.offsets[rows]  # rows[order] is rows
+        kept = rank < k
+        offsets = np.zeros_like(self.offsets)
+        np.cumsum(np.minimum(lengths, k), out=offsets[1:])
+        return SparseRows(offsets, self.indices[kept], self.values[kept])
+
+
+@dataclass(frozen=True, slots=True)
 class MultiSpec:
     """What a request asks beyond dense rows, settled against its model."""
 
     outputs: tuple[str, ...]  # in OUTPUTS' order
     top_k: int | None  # a sparse row keeps its k largest weights
-    vocab_rows: bool  # sparse rows come vocabulary-wide (SPLADE), else as token weights
-    unweighted: tuple[int, ...]  # token ids a row of token weights leaves out
+    vocab_rows: bool  # sparse rows come vocabulary-wide (SPLADE), else merged on the device
 
 
 def settle_outputs(
@@ -82,36 +129,60 @@ def settle_outputs(
         )
     if wanted == DENSE:
         return None
-    return MultiSpec(wanted, top_k, task.splade is not None, task.unweighted)
+    return MultiSpec(wanted, top_k, task.splade is not None)
 
 
 class Block:
     """A finished batch's flat block, cut into its outputs: views of the device's buffer, valid
-    until its next launch. SPLADE's rows are read through `vocab` (its whole block)."""
+    until its next launch, but for its merged sparse rows, copied out. SPLADE's rows are read
+    through `vocab` (its whole block)."""
 
-    __slots__ = ("colbert", "cu", "dense", "ids", "sparse", "vocab")
+    __slots__ = ("_merged", "_sparse", "colbert", "dense", "starts", "unit", "vocab")
 
     def __init__(
-        self, items: Sequence[Item], block: np.ndarray, outputs: tuple[str, ...],
-        width: int, vocab: VocabRows | None,
+        self, items: Sequence[Item], block: np.ndarray, form: RowForm, width: int,
+        vocab: VocabRows | None,
     ) -> None:  # fmt: skip
         count = len(items)
         lengths = np.fromiter((item.length for item in items), np.intp, count)
-        self.cu = np.concatenate(([0], np.cumsum(lengths)))  # text b is tokens cu[b]:cu[b + 1]
-        self.ids = [item.ids for item in items]
-        tokens = int(self.cu[-1])
+        tokens = int(lengths.sum())
+        # text b's ColBERT vectors are rows starts[b]:starts[b + 1], its first token's left out
+        self.starts = np.zeros(count + 1, np.intp)
+        np.cumsum(lengths - 1, out=self.starts[1:])
+        self.unit = form.unit  # the ColBERT vectors came L2-normalized
+        self.vocab = vocab
+        self._merged: SparseRows | None = None
+        self._sparse: dict[int | None, SparseRows] = {}
+        outputs = form.outputs
         flat = block.reshape(-1)
-        self.dense = self.sparse = self.colbert = flat[:0]
+        self.dense = self.colbert = flat[:0]
         start = 0
         if "dense" in outputs:
             self.dense = flat[: count * width].reshape(count, width)
             start = count * width
-        self.vocab = vocab
         if "sparse" in outputs and vocab is None:
-            self.sparse = flat[start : start + tokens]
-            start += tokens
+            offsets = flat[start : start + count + 1].view(np.int32)
+            found = int(offsets[-1])
+            ids = flat[start + count + 1 :][:found].view(np.int32)
+            weights = flat[start + count + 1 + tokens :][:found]
+            self._merged = SparseRows(offsets.astype(np.intp), ids.astype(np.int64), weights.copy())
+            start += count + 1 + 2 * tokens
         if "colbert" in outputs:
-            self.colbert = flat[start:].reshape(tokens, -1)
+            vectors = int(self.starts[-1])
+            self.colbert = flat[start:].reshape(vectors, -1) if vectors else flat[:0].reshape(0, 0)
+
+    def sparse(self, top_k: int | None) -> SparseRows:
+        """The batch's sparse rows, each cut to its `top_k` largest weights; read once a top_k
+        (requests that share the batch may ask different ones)."""
+        rows = self._sparse.get(top_k)
+        if rows is None:
+            if self.vocab is not None:
+                rows = self.vocab.sparse(top_k)
+            else:
+                assert self._merged is not None, "sparse rows read from a block of none: a bug"
+                rows = self._merged.top(top_k)
+            self._sparse[top_k] = rows
+        return rows
 
 
 class MultiRows:
@@ -130,37 +201,41 @@ class MultiRows:
         if "colbert" in multi.outputs:
             self.colbert = [_NO_VECTORS] * count
 
+    @property
+    def unit(self) -> bool:
+        """The request's ColBERT vectors are L2-normalized, as its dense rows are."""
+        return self.spec.normalize or self.spec.model_normalizes
+
     def write(self, indices: np.ndarray, rows: np.ndarray, form: object) -> None:
         """Never called: such a request's batches come as blocks (`write_block`)."""
         raise AssertionError("a request of several outputs was given dense rows: this is a bug")
 
     def write_block(self, block: Block, indices: np.ndarray, picked: np.ndarray) -> None:
         """Copy this request's texts' rows (`picked` in the batch, `indices` in the request)
-        out of a batch's block."""
+        out of a batch's block: each output in one piece, each text's row a view of it."""
         outputs = self.multi.outputs
         if "dense" in outputs:
             self.array[indices] = block.dense[picked]
-        for index, row in zip(indices.tolist(), picked.tolist(), strict=True):
-            start, end = int(block.cu[row]), int(block.cu[row + 1])
-            if "sparse" in outputs:
-                if block.vocab is not None:
-                    self.sparse[index] = block.vocab.row(row, self.multi.top_k)
-                else:
-                    weights = block.sparse[start:end]
-                    self.sparse[index] = _merged(block.ids[row], weights, self.multi.unweighted)
-            if "colbert" in outputs:  # every token's but the first, as BGE-M3 gives them
-                self.colbert[index] = block.colbert[start + 1 : end].copy()
+        if "sparse" in outputs:
+            rows = block.sparse(self.multi.top_k)
+            for index, row in zip(indices.tolist(), picked.tolist(), strict=True):
+                self.sparse[index] = rows.row(row)
+        if "colbert" in outputs:
+            starts = block.starts[picked]
+            counts = block.starts[picked + 1] - starts
+            ends = np.cumsum(counts)
+            # each of the texts' vectors' row in the block, the texts end to end
+            rows = np.arange(ends[-1]) + np.repeat(starts - (ends - counts), counts)
+            vectors = block.colbert[rows]  # a copy: the block is the device's buffer
+            if self.unit and not block.unit:  # a batch shared with requests for raw vectors
+                vectors = _unit(vectors)
+            for index, start, end in zip(indices.tolist(), (ends - counts).tolist(),
+                                         ends.tolist(), strict=True):  # fmt: skip
+                self.colbert[index] = vectors[start:end]
 
     def finished(self) -> np.ndarray:
-        """The dense rows, cut and normalized here (the device left them raw); the sparse rows
-        pruned to top_k and the ColBERT vectors normalized as the dense rows are."""
+        """The dense rows, cut and normalized here (the device left them raw)."""
         spec = self.spec
-        unit = spec.normalize or spec.model_normalizes
-        if self.colbert and unit:
-            self.colbert = [_unit(vectors) for vectors in self.colbert]
-        top_k = self.multi.top_k
-        if top_k is not None:
-            self.sparse = [_top(row, top_k) for row in self.sparse]
         vectors = self.array
         if vectors.shape[1] == 0:
             return vectors
@@ -180,24 +255,6 @@ class MultiRows:
 
 _EMPTY = SparseRow(np.zeros(0, np.int64), np.zeros(0, np.float32))
 _NO_VECTORS = np.zeros((0, 0), np.float32)
-
-
-def _merged(ids: np.ndarray, weights: np.ndarray, unweighted: tuple[int, ...]) -> SparseRow:
-    """Token weights merged by id as BGE-M3 merges them: the largest of each id's, kept where
-    above 0 and the token is not one of `unweighted`."""
-    kept = (weights > 0) & ~np.isin(ids, unweighted)
-    unique, where = np.unique(ids[kept].astype(np.int64), return_inverse=True)
-    values = np.zeros(len(unique), np.float32)
-    np.maximum.at(values, where, weights[kept])
-    return SparseRow(unique, values)
-
-
-def _top(row: SparseRow, k: int) -> SparseRow:
-    """The row's k largest weights, its ids still ascending."""
-    if len(row.values) <= k:
-        return row
-    keep = np.sort(np.argpartition(-row.values, k - 1)[:k])
-    return SparseRow(row.indices[keep], row.values[keep])
 
 
 def _unit(vectors: np.ndarray) -> np.ndarray:

@@ -228,5 +228,5 @@ def embedding_model(
     if task.outputs != ("dense",):
         from embedx.models.m3 import M3Model
 
-        return M3Model(files, pooling, device, dtype, implementation)
+        return M3Model(files, pooling, device, dtype, implementation, task.unweighted)
     return EmbeddingModel(files, pooling, device, dtype, implementation)

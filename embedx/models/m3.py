@@ -3,8 +3,9 @@ token weights and `colbert_linear` token vectors, as FlagEmbedding's BGEM3FlagMo
 the heads found beside the weights, and converted once from the torch pickles BGE-M3 ships.
 
 A head is a Linear over the last layer's token states: sparse_linear (H -> 1, then relu) weighs
-each token, colbert_linear (H -> C) gives each token after the first a vector. The host merges
-the weights by token id and normalizes the vectors (engine/sparse_rows.py).
+each token, colbert_linear (H -> C) gives each token after the first a vector. The weights are
+merged by token id and the vectors normalized on the device, a batch at a time, so that the
+host only reads them out (engine/sparse_rows.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 HEADS = {"sparse": "sparse_linear", "colbert": "colbert_linear"}  # output -> its file's stem
 # BGEM3FlagModel leaves these special tokens out of a sparse row, by their tokenizer's names
 UNWEIGHTED = ("cls_token", "eos_token", "pad_token", "unk_token")
+DROPPED = (1 << 63) - 1  # the sort key of a token a sparse row leaves out: after every other
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +112,14 @@ class M3Model(EmbeddingModel):
         device: torch.device,
         dtype: str,
         implementation: str = "auto",
+        unweighted: tuple[int, ...] = (),
     ) -> None:
+        import torch
         from safetensors.torch import load_file
 
         super().__init__(files, pooling, device, dtype, implementation)
+        # the token ids a sparse row leaves out (M3Heads.unweighted)
+        self.unweighted = torch.tensor(unweighted, dtype=torch.long, device=device)
         self.heads: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for name, stem in HEADS.items():
             path = files.directory / f"{stem}.safetensors"
@@ -128,9 +134,12 @@ class M3Model(EmbeddingModel):
             target = torch_dtype(dtype)
             self.heads[name] = (weight.to(target), bias.to(target))
 
-    def forward_outputs(self, batch: PackedBatch, outputs: tuple[str, ...]) -> torch.Tensor:
+    def forward_outputs(
+        self, batch: PackedBatch, outputs: tuple[str, ...], unit: bool = False
+    ) -> torch.Tensor:
         """(1, N) float32: the batch's `outputs`, in this order, each flattened: dense (B, D)
-        rows, sparse (T,) token weights, colbert (T, C) token vectors (the first token's too)."""
+        rows; sparse, each text's token weights merged by id (`_merged`); colbert (T - B, C)
+        vectors of every token but each text's first, L2-normalized if `unit`."""
         import torch
         import torch.nn.functional as F
 
@@ -148,7 +157,54 @@ class M3Model(EmbeddingModel):
                     )
                 parts.append(vectors.reshape(-1))
             if "sparse" in outputs:
-                parts.append(torch.relu(F.linear(hidden, *self.heads["sparse"])).float()[:, 0])
+                weights = torch.relu(F.linear(hidden, *self.heads["sparse"])).float()[:, 0]
+                parts.append(self._merged(batch, weights))
             if "colbert" in outputs:
-                parts.append(F.linear(hidden, *self.heads["colbert"]).float().reshape(-1))
+                later = _later_tokens(batch)  # (T - B,)
+                vectors = F.linear(hidden[later], *self.heads["colbert"]).float()
+                if unit:
+                    vectors = F.normalize(vectors, dim=-1, eps=1e-12)
+                parts.append(vectors.reshape(-1))
             return torch.cat(parts).unsqueeze(0)
+
+    def _merged(self, batch: PackedBatch, weights: torch.Tensor) -> torch.Tensor:
+        """(B + 1 + 2T,) float32, its int32 parts bit for bit: offsets (B + 1) | ids (T) |
+        weights (T). Text b's row is entries offsets[b]:offsets[b + 1]: its token ids ascending,
+        each with the largest of its tokens' `weights` (T,), where above 0 and the token is not
+        one of `unweighted`, as BGEM3FlagModel merges them; entries past offsets[B] unread.
+
+        Sorted by (text, id), a row's entries are runs of equal keys, each run's place the
+        count of runs before it. All of fixed size, so nothing waits for the device; and no
+        one place that many entries write (a scatter's atomics would queue on it)."""
+        import torch
+
+        t, count = batch.tokens, batch.count
+        ids = batch.input_ids[:t].long()
+        dropped = (weights <= 0) | torch.isin(ids, self.unweighted)
+        keys = (batch.segments[:t] << 32 | ids).masked_fill_(dropped, DROPPED)  # (text, id)
+        keys, order = keys.sort()
+        weights = weights[order]
+        kept = keys != DROPPED  # the dropped sort last, past every run
+        first = kept.clone()  # each run's first entry
+        first[1:] &= keys[1:] != keys[:-1]
+        places = torch.arange(t, device=keys.device)
+        slot = torch.where(kept, first.cumsum(0) - 1, places)  # a dropped entry: its own place
+        runs = torch.full_like(keys, DROPPED).scatter_(0, slot, keys)  # (T,) ascending
+        values = torch.zeros_like(weights).scatter_reduce_(
+            0, slot, weights.masked_fill_(~kept, 0), "amax"
+        )
+        starts = torch.arange(count + 1, device=keys.device) << 32  # each text's first key
+        offsets = torch.searchsorted(runs, starts)  # (B + 1,): the runs before each text's
+        ints = torch.cat([offsets, runs & 0xFFFFFFFF]).to(torch.int32)
+        return torch.cat([ints.view(torch.float32), values])
+
+
+def _later_tokens(batch: PackedBatch) -> torch.Tensor:
+    """(T - B,) int64: the batch's tokens but each text's first, in order. The j-th of them is
+    token j + b + 1, b its text: the texts whose later tokens end at or before j."""
+    import torch
+
+    count = batch.count
+    later = torch.arange(batch.tokens - count, device=batch.cu_seqlens.device)
+    ends = batch.cu_seqlens[1:].long() - torch.arange(1, count + 1, device=later.device)
+    return later + torch.searchsorted(ends, later, right=True) + 1
