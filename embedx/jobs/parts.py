@@ -76,20 +76,18 @@ class WorkFolder:
                 found[int(match.group(1))] = path
         return dict(sorted(found.items()))
 
-    def write(self, chunk: Chunk) -> pa.Table:
-        """Write a finished chunk; it appears under its name only once whole. Returns its
-        table, for the output streamed beside the parts."""
+    def write(self, index: int, table: pa.Table) -> None:
+        """Write a finished chunk, as `part_table` made it; it appears under its name only
+        once whole."""
         import pyarrow.parquet as pq
 
-        table = part_table(chunk)
-        name = f"chunk-{chunk.index:06d}.parquet"
+        name = f"chunk-{index:06d}.parquet"
         temporary = self.path / f".{name}.tmp"
         with open(temporary, "wb") as sink:
             pq.write_table(table, sink, compression="none")
             sink.flush()
             os.fsync(sink.fileno())
         os.replace(temporary, self.path / name)
-        return table
 
     def remove(self) -> None:
         shutil.rmtree(self.path)
