@@ -385,7 +385,7 @@ def wait_for(ready: Callable[[], bool], process: subprocess.Popen[str]) -> None:
 
 
 def wait_for_parts(parts: Path, count: int, process: subprocess.Popen[str]) -> None:
-    wait_for(lambda: len(list(parts.glob("chunk-*.parquet"))) >= count, process)
+    wait_for(lambda: len(list(parts.glob("chunk-*.arrow"))) >= count, process)
 
 
 @pytest.mark.process
@@ -412,7 +412,7 @@ def test_a_job_killed_or_stopped_resumes_to_the_one_shot_result_each_row_once(
     assert (parts / "manifest.json").exists()
 
     stopped = start_job(source, output, minilm_dir)
-    done_before = len(list(parts.glob("chunk-*.parquet")))
+    done_before = len(list(parts.glob("chunk-*.arrow")))
     wait_for_parts(parts, done_before + 3, stopped)
     stopped.send_signal(signal.SIGTERM)
     _, errors = stopped.communicate(timeout=60)
