@@ -434,17 +434,22 @@ def test_a_job_killed_or_stopped_resumes_to_the_one_shot_result_each_row_once(
     assert not parts.exists()
 
 
-def test_the_bench_measures_the_job_against_the_library(tmp_path: Path) -> None:
+def test_the_bench_measures_the_job_against_the_library_and_its_stages(tmp_path: Path) -> None:
     out = tmp_path / "corpus.json"
     environment = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDX_")}
     arguments = ["bert-base", "--tiny", "--corpus", str(DATA / "lee50.jsonl"), "--runs", "1"]
     done = subprocess.run(
         [sys.executable, str(DATA.parent.parent / "bench" / "corpus.py"), *arguments,
-         "--repeat", "1", "--chunk-texts", "16", "--out", str(out)],
+         "--repeat", "1", "--limit", "40", "--chunk-texts", "16", "--device-rate", "1e6",
+         "--out", str(out)],
         env={**environment, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["texts"] == 50
+    assert result["texts"] == 40
     assert result["job"]["tokens_per_s"] > 0
     assert result["job_share_of_library"] > 0
+    assert len(result["job_share_by_turn"]) == 1
+    stages = result["job_stages_s"]
+    assert set(stages) == {"first_s", "embed_s", "last_s", "read_s", "part_s", "output_s"}
+    assert stages["embed_s"] > 0
