@@ -48,7 +48,7 @@ def _add_job_flags(embed: argparse.ArgumentParser) -> None:
     job.add_argument("--input-type", help="the prompt to wrap each text in (query, passage...)")
     job.add_argument("--dimensions", type=int, help="cut vectors to N (a matryoshka model)")
     job.add_argument("--skip-bad", action="store_true", help="skip bad lines, list them")
-    job.add_argument("--chunk-texts", type=int, default=50_000, help="texts a chunk")
+    job.add_argument("--chunk-texts", type=int, help="texts a chunk (read, embedded, saved)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -243,6 +243,7 @@ def _embed(settings: Settings, model: str, texts: Sequence[str], pooling: str | 
 def _embed_corpus(settings: Settings, args: argparse.Namespace) -> int:
     try:
         from embedx.jobs import CorpusJob, command
+        from embedx.jobs.corpus import CHUNK_TEXTS
     except ModuleNotFoundError as exc:
         print(f"embedx: a corpus job needs the jobs' packages ({exc.name} is missing): "
               'pip install "embedx-inference[jobs]"', file=sys.stderr)  # fmt: skip
@@ -261,7 +262,7 @@ def _embed_corpus(settings: Settings, args: argparse.Namespace) -> int:
         input_type=args.input_type,
         dimensions=args.dimensions,
         skip_bad=args.skip_bad,
-        chunk_texts=args.chunk_texts,
+        chunk_texts=CHUNK_TEXTS if args.chunk_texts is None else args.chunk_texts,
     )
     return command(job, settings)
 

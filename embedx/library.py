@@ -77,6 +77,11 @@ class LocalModel:
         """Run `work` on the model's loop and wait for it."""
         return self._loop_for(work).call(self._closing_is_an_error(work))
 
+    def _start(self, work: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """`_call` without the wait: `work` started on the model's loop, so that a caller
+        keeps several in flight. Cancelling the future cancels the work."""
+        return self._loop_for(work)._submit(self._closing_is_an_error(work))
+
     async def _await(self, work: Coroutine[Any, Any, T]) -> T:
         """`_call` for async code: awaits the work on the model's loop, from any other loop.
         Cancelling it cancels the work (and drops its pending inputs)."""

@@ -1,21 +1,23 @@
-"""The corpus job, `embedx embed MODEL INPUT... -o OUTPUT`: chunks of texts read on one thread,
-embedded on every device through the library, written on another (a Parquet OUTPUT as they
-finish; .npy and safetensors joined from the chunks once all are done)."""
+"""The corpus job, `embedx embed MODEL INPUT... -o OUTPUT`: chunks of texts read ahead on one
+thread, several at a time in the engine (every device, through the library) so that it never
+waits at a chunk's end, each written as it comes back (`writing`; .npy and safetensors joined
+from the chunks once all are done)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import queue
 import signal
 import sys
 import threading
+import time
+from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Generic, TextIO, TypeVar
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -27,10 +29,16 @@ from embedx.jobs.inputs import Bad, Fields, Reader, Record, Shard, shards
 from embedx.jobs.parts import Chunk, WorkFolder
 from embedx.jobs.progress import Progress
 from embedx.jobs.results import StreamedParquet, join, output_format, write_bad
+from embedx.jobs.threads import Prefetch, result
+from embedx.jobs.writing import Writes
 
-T = TypeVar("T")
-CHUNK_TEXTS = 50_000  # a chunk: large enough that a device's tail per chunk is a small share
-WAKE_S = 0.1  # how often a wait looks up for a signal
+# Texts a chunk: the tokenizer's chunk, so the engine sorts by length within about as many
+# texts at a time as for the library's one call. The devices wait for the first chunk's
+# reading and the last one's writing, so a chunk is not much larger.
+CHUNK_TEXTS = 4096
+# Chunks waiting in the engine's queue behind the one it embeds: at a chunk's end its devices
+# go on to the next while the main thread takes the chunk back and sends another.
+AHEAD = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,15 +95,34 @@ def command(job: CorpusJob, settings: Settings, stream: TextIO = sys.stderr) -> 
         return 128 + signum
 
 
+@dataclass(slots=True)
+class Stages:
+    """Where a run's seconds went (bench/corpus.py shows them). Reading and writing run on
+    threads of their own beside the embedding: the devices wait only for the first chunk to
+    be read (`first_s`, from the call: with a model given, else its loading too) and, after
+    the last came back, for its writes and the output to be put in place (`last_s`);
+    `embed_s` lies between. `read_s`, `part_s` and `output_s` are the reading and writing
+    threads' busy seconds."""
+
+    first_s: float = 0.0
+    embed_s: float = 0.0
+    last_s: float = 0.0
+    read_s: float = 0.0
+    part_s: float = 0.0
+    output_s: float = 0.0
+
+
 def run(
     job: CorpusJob,
     settings: Settings,
     stream: TextIO = sys.stderr,
     embedder: ChunkEmbedder | None = None,
+    stages: Stages | None = None,
 ) -> str:
     """Embed every text of the job's inputs into its output; returns the summary line. With
     `embedder` (a model already loaded), the job's model and pooling are its, and it is left
-    open."""
+    open. `stages`, if given, is filled in."""
+    started = time.perf_counter()
     files = shards(job.inputs)
     reader = Reader(files, job.fields)
     work = WorkFolder(job.output, job.manifest(files))
@@ -111,34 +138,29 @@ def run(
         with (
             _sigterm_raises(),
             model as embedder,
-            Prefetch(chunks(reader, job.chunk_texts)) as incoming,
-            ThreadPoolExecutor(1, "embedx-writer") as writer,  # its exit waits for the write
+            Prefetch(chunks(reader, job.chunk_texts), "embedx-reader") as incoming,
         ):
             width = job.dimensions or embedder.dimensions
             if output_format(job.output) == "parquet":
                 streamed = StreamedParquet(work.path / ".output.tmp", width)
             progress.start()  # the model is loaded: the clock is the embedding's
-            written: Future[None] | None = None
-            for index, records, bad, position in incoming:
-                if index in finished:
-                    progress.skipped(position)
-                    if streamed is not None:  # in its place in the output, from its part
-                        if written is not None:
-                            written.result()
-                        written = writer.submit(streamed.add_part, finished[index])
-                    continue
-                if bad and not job.skip_bad:
-                    raise InvalidInput(
-                        f"{bad[0].message()} (--skip-bad embeds the rest and lists such "
-                        f"lines in {job.bad_file})"
-                    )
-                chunk = embedder.chunk(index, records, bad, job)
-                if written is not None:
-                    written.result()
-                written = writer.submit(_write, work, chunk, streamed)
-                progress.advance(position, len(records), int(chunk.tokens.sum()))
-            if written is not None:
-                written.result()
+            with (
+                Writes(work, streamed) as writes,
+                InEngine(embedder, job, writes, progress) as sent,
+            ):
+                for read in incoming:
+                    if read.index in finished:
+                        sent.resumed(read.position, finished[read.index])
+                    elif read.bad and not job.skip_bad:
+                        sent.land_all()  # the chunks before it are kept
+                        raise InvalidInput(
+                            f"{read.bad[0].message()} (--skip-bad embeds the rest and lists "
+                            f"such lines in {job.bad_file})"
+                        )
+                    else:
+                        sent.send(read)
+                sent.land_all()
+                writes.finish()
     finally:
         progress.close()
         if streamed is not None:
@@ -148,98 +170,134 @@ def run(
         join(parts, job.output, width, work.path / ".output.tmp")
     bad_lines = write_bad(parts, job.bad_file)
     work.remove()
+    if stages is not None:
+        ended = time.perf_counter()
+        first, last = sent.first_sent or ended, sent.last_back or ended
+        stages.first_s, stages.embed_s, stages.last_s = first - started, last - first, ended - last
+        stages.read_s = incoming.busy_s
+        stages.part_s, stages.output_s = writes.part_s, writes.output_s
     return progress.summary(str(job.output), bad_lines, str(job.bad_file))
 
 
-def _write(work: WorkFolder, chunk: Chunk, streamed: StreamedParquet | None) -> None:
-    """A finished chunk to its part, and to the output streamed beside it."""
-    table = work.write(chunk)
-    if streamed is not None:
-        streamed.add(table)
+@dataclass(slots=True)
+class ReadChunk:
+    """A chunk as read: its good lines' texts, ids and row numbers, its bad lines, and how far
+    into the inputs (bytes read) it ends."""
+
+    index: int
+    texts: list[str] = field(default_factory=list)
+    ids: list[str | int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    bad: list[Bad] = field(default_factory=list)
+    position: int = 0
 
 
-def chunks(reader: Reader, size: int) -> Iterator[tuple[int, list[Record], list[Bad], int]]:
-    """(index, records, bad lines, bytes read) of every `size` lines, in order."""
-    records: list[Record] = []
-    bad: list[Bad] = []
-    lines = index = 0
+def chunks(reader: Reader, size: int) -> Iterator[ReadChunk]:
+    """Every `size` lines of the inputs as a chunk, in order."""
+    read = ReadChunk(0)
+    lines = 0
     for item in reader:
         if isinstance(item, Record):
-            records.append(item)
+            read.texts.append(item.text)
+            read.ids.append(item.id)
+            read.rows.append(item.row)
         else:
-            bad.append(item)
+            read.bad.append(item)
         lines += item.row is not None  # an empty file's note is no line
         if lines == size:
-            yield index, records, bad, reader.position
-            records, bad, lines, index = [], [], 0, index + 1
-    if records or bad:
-        yield index, records, bad, reader.position
+            read.position = reader.position
+            yield read
+            read, lines = ReadChunk(read.index + 1), 0
+    if read.texts or read.bad:
+        read.position = reader.position
+        yield read
 
 
-class ChunkEmbedder(Embedder):
-    """The library's Embedder, giving each text's token count with its vector."""
+class InEngine:
+    """The chunks sent to the engine and not yet back, oldest first. Each is taken back in
+    order and written, while AHEAD more wait in the engine's queue behind the one it embeds;
+    chunks an earlier run finished take their turn among them.
 
-    def chunk(self, index: int, records: list[Record], bad: list[Bad], job: CorpusJob) -> Chunk:
-        texts = [r.text for r in records]
-        counts = np.zeros(len(texts), np.int32)
-        if texts:
-            options = EmbedOptions(job.dimensions, None, True, job.input_type, token_counts=counts)
-            vectors = self._call(self._engine.embed(texts, options)).vectors
-        else:  # every line of the chunk was bad
-            vectors = np.zeros((0, job.dimensions or self.dimensions), np.float32)
-        ids = [r.id for r in records]
-        return Chunk(index, ids, [r.row for r in records], vectors, counts, bad)
+    Leaving cancels what is still in the engine (the job stopped or failed)."""
 
+    def __init__(
+        self, embedder: ChunkEmbedder, job: CorpusJob, writes: Writes, progress: Progress
+    ) -> None:
+        self.first_sent: float | None = None
+        self.last_back: float | None = None
+        self._embedder = embedder
+        self._job = job
+        self._writes = writes
+        self._progress = progress
+        self._pending: deque[tuple[int, Future[Chunk] | Path]] = deque()  # (position, ...)
+        self._embedding = 0
 
-class Prefetch(Generic[T]):
-    """An iterator's items made on a thread of their own, one ahead of the caller."""
-
-    def __init__(self, items: Iterator[T]) -> None:
-        self._items = items
-        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="embedx-reader", daemon=True)
-
-    def __enter__(self) -> Prefetch[T]:
-        self._thread.start()
+    def __enter__(self) -> InEngine:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()  # a read in progress ends at its next item; the thread is a daemon
+        for _, sent in self._pending:
+            if isinstance(sent, Future):
+                sent.cancel()
 
-    def _run(self) -> None:
-        try:
-            for item in self._items:
-                if not self._put(("item", item)):
-                    return
-            self._put(("end", None))
-        except BaseException as exc:  # the caller raises it, in its own thread
-            self._put(("error", exc))
+    def send(self, read: ReadChunk) -> None:
+        """Start embedding a chunk; take back the oldest if more than AHEAD wait behind it."""
+        self._pending.append((read.position, self._embedder.submit(read, self._job)))
+        self._embedding += 1
+        if self.first_sent is None:
+            self.first_sent = time.perf_counter()
+        while self._embedding > AHEAD:
+            self._land()
 
-    def _put(self, entry: tuple[str, Any]) -> bool:
-        while not self._stop.is_set():
-            with contextlib.suppress(queue.Full):
-                self._queue.put(entry, timeout=WAKE_S)
-                return True
-        return False
+    def resumed(self, position: int, part: Path) -> None:
+        """A chunk an earlier run finished, ending at byte `position` of the inputs."""
+        self._pending.append((position, part))
+        if self._embedding == 0:  # none before it: its turn is now
+            self._land()
 
-    def __iter__(self) -> Iterator[T]:
-        while True:
-            try:
-                kind, value = self._queue.get(timeout=WAKE_S)  # a signal is raised between
-            except queue.Empty:
-                continue
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            yield value
+    def land_all(self) -> None:
+        while self._pending:
+            self._land()
+
+    def _land(self) -> None:
+        position, sent = self._pending.popleft()
+        if isinstance(sent, Path):
+            self._progress.skipped(position)
+            self._writes.resumed(sent)
+            return
+        chunk = result(sent)
+        self._embedding -= 1
+        self.last_back = time.perf_counter()
+        self._writes.chunk(chunk)
+        self._progress.advance(position, len(chunk.ids), int(chunk.tokens.sum()))
+        while self._pending and isinstance(self._pending[0][1], Path):
+            self._land()  # finished chunks behind it: their turn is now
+
+
+class ChunkEmbedder(Embedder):
+    """The library's Embedder, embedding a job's chunks several at a time, each text's token
+    count given with its vector."""
+
+    def submit(self, read: ReadChunk, job: CorpusJob) -> Future[Chunk]:
+        """Start embedding a chunk; it comes back in the future, which cancelled cancels it."""
+        counts = np.zeros(len(read.texts), np.int32)
+        if not read.texts:  # every line of the chunk was bad
+            empty: Future[Chunk] = Future()
+            vectors = np.zeros((0, job.dimensions or self.dimensions), np.float32)
+            empty.set_result(Chunk(read.index, [], [], vectors, counts, read.bad))
+            return empty
+        options = EmbedOptions(job.dimensions, None, True, job.input_type, token_counts=counts)
+        return self._start(self._chunk(read, options, counts))
+
+    async def _chunk(self, read: ReadChunk, options: EmbedOptions, counts: np.ndarray) -> Chunk:
+        vectors = (await self._engine.embed(read.texts, options)).vectors
+        return Chunk(read.index, read.ids, read.rows, vectors, counts, read.bad)
 
 
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM stops the job as Ctrl-C does: the chunk being written is finished, the rest
-    dropped. (Only the main thread can take signals; elsewhere, nothing changes.)"""
+    """SIGTERM stops the job as Ctrl-C does: the chunks back from the engine are written, those
+    still in it dropped. (Only the main thread can take signals; elsewhere, nothing changes.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
