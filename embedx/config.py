@@ -69,10 +69,11 @@ class Settings:
         16384, values.integer(1), "Cap on a batch's padded tokens (items x longest) on any device."
     )
     cuda_graph_tokens: int = _setting(
-        2048,
+        0,
         values.integer(0),
         "Batches up to this many tokens run on a GPU as CUDA graphs, captured for a few shapes "
-        "when a model loads (one launch, not several a layer); 0: none.",
+        "when a model loads (one launch, not several a layer), e.g. 2048; 0: none, every "
+        "launch eager.",
     )
     max_batch_items: int | None = _setting(
         None,

@@ -121,7 +121,9 @@ async def test_small_batches_replayed_as_cuda_graphs_match_the_cpu_forward(
 ) -> None:
     texts = reference_texts[:24]
     expected = forward(tiny_models[shape], pooling, "native", texts)
-    async with cuda_engine(tiny_models[shape], pooling=pooling, max_seq_len=64) as engine:
+    async with cuda_engine(
+        tiny_models[shape], pooling=pooling, max_seq_len=64, cuda_graph_tokens=2048
+    ) as engine:
         assert engine.replicas[0].graphs, "no graph was captured"
         one_by_one = [(await engine.embed([text])).vectors[0] for text in texts[:8]]
         together = (await engine.embed(texts)).vectors
@@ -249,18 +251,23 @@ def test_triton_head_norm_rope_matches_torch(q_heads: int, k_heads: int, dim: in
     assert rel_error(k, rk) < 1e-2
 
 
+@pytest.mark.parametrize("graph_tokens", [0, 2048])
 @pytest.mark.parametrize(
     ("shape", "pooling"), [("bert-base", "mean"), ("qwen3-0.6b", "last_token")]
 )
 async def test_launching_a_batch_never_waits_on_the_device(
-    minilm_dir: Path, tiny_models: dict[str, Path], shape: str, pooling: str
+    minilm_dir: Path, tiny_models: dict[str, Path], shape: str, pooling: str, graph_tokens: int
 ) -> None:
-    """Two batches stay in flight only if launching one never synchronizes with the GPU."""
-    async with cuda_engine(tiny_models[shape], pooling=pooling, max_seq_len=64) as engine:
+    """Two batches stay in flight only if launching one never synchronizes with the GPU,
+    eager or replayed as a CUDA graph."""
+    async with cuda_engine(
+        tiny_models[shape], pooling=pooling, max_seq_len=64, cuda_graph_tokens=graph_tokens
+    ) as engine:
         await engine.embed(["warm up every kernel and buffer"] * 64)
         replica = engine.replicas[0]
         ids = [np.array([101, 2000 + i, 2001, 102], np.int32) for i in range(50)]
         host = replica.pack(ids, 1, engine.workers[0].slot.budget)
+        assert (host.graph is not None) == bool(graph_tokens)  # 200 tokens: a graph's shape
         for form in (FLOATS, RowForm(unit=True, encodings=tuple(ENCODINGS))):
             torch.cuda.set_sync_debug_mode("error")
             try:
