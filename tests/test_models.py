@@ -654,6 +654,27 @@ def test_a_pack_to_a_graphs_shape_gives_empty_texts_the_padding_rows() -> None:
     assert not batch.input_ids[5:].any()
 
 
+def test_a_batch_fits_the_smallest_graph_with_room_for_its_padding() -> None:
+    from embedx.engine.graphs import GRAPH_ROWS, CudaGraphs, graph_shapes
+
+    shapes = graph_shapes(2048, 4096)
+    assert max(rows for rows, _ in shapes) == 2048
+    assert all(texts <= rows // 2 for rows, texts in shapes)
+    fit = CudaGraphs(dict.fromkeys(shapes)).fit  # type: ignore[arg-type]
+    for tokens in range(2, 2048, 7):
+        for count in {1, 2, 3, 4, 5, 15, 16, 17, tokens // 2}:
+            shape = fit(tokens, count)
+            if shape is None:  # no text count above this one under that many rows
+                assert count >= 16 or tokens >= 2048
+                continue
+            rows, texts = shape
+            assert tokens < rows <= max(64, 1.5 * tokens + 1)  # one padding row at least
+            assert rows == min(r for r in GRAPH_ROWS if r > tokens)
+            assert count < texts <= 4 * max(count, 1)  # an empty text at least
+    assert fit(2048, 4) is None  # past the largest graph: eager
+    assert fit(100, 1) == (128, 4)
+
+
 @pytest.mark.parametrize(
     ("shape", "pooling"),
     [("bert-base", "cls"), ("bert-base", "mean"), ("qwen3-0.6b", "last_token")],
