@@ -131,9 +131,10 @@ async def _captured(
         rows, texts = shape
         return model.forward(packed_views(inputs[shape], rows, texts, rows, rows))
 
-    with torch.cuda.device(device), torch.cuda.stream(stream):
-        for shape in shapes:
+    for shape in shapes:  # each launch takes the loop a while: others' turns between
+        with torch.cuda.device(device), torch.cuda.stream(stream):
             forward(shape)
+        await asyncio.sleep(0)
     await asyncio.to_thread(stream.synchronize)
     pool = torch.cuda.graph_pool_handle()
     graphs: dict[tuple[int, int], _Graph] = {}
