@@ -146,16 +146,20 @@ class OutputSpec:
         return self.dimensions < self.width
 
     @property
+    def unit(self) -> bool:
+        """The request's rows come L2-normalized: it asked, or the model ends in a Normalize."""
+        return self.normalize or self.model_normalizes
+
+    @property
     def form(self) -> RowForm:
         """What the device makes of this request's rows: finished ones at full width; raw
         ones to be cut, which are normalized and encoded on the host after the cut."""
         if self.multi is not None:
-            colbert = "colbert" in self.multi.outputs
-            unit = colbert and (self.normalize or self.model_normalizes)
+            unit = self.unit and "colbert" in self.multi.outputs
             return RowForm(unit=unit, outputs=self.multi.outputs, top_k=self.multi.top_k)
         if self.cut:
             return FLOATS
-        return RowForm(unit=self.normalize or self.model_normalizes, encodings=self.encodings)
+        return RowForm(unit=self.unit, encodings=self.encodings)
 
 
 def settle(

@@ -201,11 +201,6 @@ class MultiRows:
         if "colbert" in multi.outputs:
             self.colbert = [_NO_VECTORS] * count
 
-    @property
-    def unit(self) -> bool:
-        """The request's ColBERT vectors are L2-normalized, as its dense rows are."""
-        return self.spec.normalize or self.spec.model_normalizes
-
     def write(self, indices: np.ndarray, rows: np.ndarray, form: object) -> None:
         """Never called: such a request's batches come as blocks (`write_block`)."""
         raise AssertionError("a request of several outputs was given dense rows: this is a bug")
@@ -227,7 +222,7 @@ class MultiRows:
             # each of the texts' vectors' row in the block, the texts end to end
             rows = np.arange(ends[-1]) + np.repeat(starts - (ends - counts), counts)
             vectors = block.colbert[rows]  # a copy: the block is the device's buffer
-            if self.unit and not block.unit:  # a batch shared with requests for raw vectors
+            if self.spec.unit and not block.unit:  # a batch shared with requests for raw vectors
                 vectors = _unit(vectors)
             for index, start, end in zip(indices.tolist(), (ends - counts).tolist(),
                                          ends.tolist(), strict=True):  # fmt: skip
