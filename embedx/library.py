@@ -199,11 +199,7 @@ class LoopThread:
         """Run `work` on the loop and wait for it; interrupted (Ctrl-C), it is cancelled."""
         future = self._submit(work)
         try:
-            # Waking now and then: a Ctrl-C that the kernel hands to another thread (the
-            # tokenizer's, say) is raised here only when this thread runs again.
-            while not concurrent.futures.wait([future], timeout=SIGNAL_CHECK_S).done:
-                pass
-            return future.result()
+            return waited(future)
         except concurrent.futures.CancelledError:  # not by this thread: by `stop`
             raise RuntimeError(closed_while_running(self.kind)) from None
         except BaseException:
@@ -242,3 +238,12 @@ class LoopThread:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+def waited(future: concurrent.futures.Future[T]) -> T:
+    """The future's result, waiting for it in steps: a Ctrl-C (or a SIGTERM the caller raises)
+    that the kernel hands to another thread, the tokenizer's say, is raised in this one only
+    when it runs again."""
+    while not concurrent.futures.wait([future], timeout=SIGNAL_CHECK_S).done:
+        pass
+    return future.result()

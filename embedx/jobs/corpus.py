@@ -29,8 +29,9 @@ from embedx.jobs.inputs import Bad, Fields, Reader, Record, Shard, shards
 from embedx.jobs.parts import Chunk, WorkFolder
 from embedx.jobs.progress import Progress
 from embedx.jobs.results import StreamedParquet, join, output_format, write_bad
-from embedx.jobs.threads import Prefetch, result
+from embedx.jobs.threads import Prefetch
 from embedx.jobs.writing import Writes
+from embedx.library import waited
 
 # Texts a chunk: the tokenizer's chunk, so the engine sorts by length within about as many
 # texts at a time as for the library's one call. The devices wait for the first chunk's
@@ -265,7 +266,7 @@ class InEngine:
             self._progress.skipped(position)
             self._writes.resumed(sent)
             return
-        chunk = result(sent)
+        chunk = waited(sent)
         self._embedding -= 1
         self.last_back = time.perf_counter()
         self._writes.chunk(chunk)

@@ -1,9 +1,8 @@
-"""The threads a corpus job's stages run on, as its main thread sees them: an iterator made
-ahead on a thread of its own, and a wait on another thread's future that a signal ends."""
+"""The reading thread of a corpus job, as its main thread sees it: an iterator made ahead on a
+thread of its own, whose waits a signal ends."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import queue
 import threading
@@ -11,17 +10,10 @@ import time
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
+from embedx.library import SIGNAL_CHECK_S as WAKE_S  # how often a wait looks up for a signal
+
 T = TypeVar("T")
-WAKE_S = 0.1  # how often a wait looks up for a signal
 _END = object()
-
-
-def result(future: concurrent.futures.Future[T]) -> T:
-    """The future's result, once done. Only the main thread takes signals, and only while it
-    runs: waking now and then, it raises a Ctrl-C or SIGTERM that came meanwhile."""
-    while not concurrent.futures.wait([future], timeout=WAKE_S).done:
-        pass
-    return future.result()
 
 
 class Prefetch(Generic[T]):

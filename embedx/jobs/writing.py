@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from embedx.jobs.parts import Chunk, WorkFolder, part_table
 from embedx.jobs.results import StreamedParquet
-from embedx.jobs.threads import result
+from embedx.library import waited
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -63,7 +63,7 @@ class Writes:
 
     def _next(self, writes: list[Future[None]]) -> None:
         for write in self._last:
-            result(write)
+            waited(write)
         self._last = writes
 
     def _part(self, index: int, table: pa.Table) -> None:
