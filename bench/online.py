@@ -217,7 +217,12 @@ def serve(command: list[str], env: dict[str, str], port: int) -> subprocess.Pope
 
 
 def run_embedx(
-    directory: Path, pooling: str, length: int, texts: list[str], args: argparse.Namespace
+    directory: Path,
+    pooling: str,
+    length: int,
+    texts: list[str],
+    bulk_texts: list[str],
+    args: argparse.Namespace,
 ) -> Any:
     port = free_port()
     models = args.workdir / "models.toml"
@@ -233,16 +238,17 @@ def run_embedx(
             lambda group: {"model": MODEL_NAME, "input": group, "encoding_format": "float"},
             texts, args,
         )  # fmt: skip
-        bulk = measure_bulk(port, directory, length, args) if args.bulk_clients else None
+        bulk = measure_bulk(port, bulk_texts, directory, length, args) if bulk_texts else None
     finally:
         server.terminate()
         server.wait(60)
     return points, bulk
 
 
-def measure_bulk(port: int, directory: Path, length: int, args: argparse.Namespace) -> Any:
-    """Requests of --bulk-texts corpus texts from --bulk-clients clients: tokens/s."""
-    texts = repeated_texts(args.corpus, args.bulk_texts * 256)
+def measure_bulk(
+    port: int, texts: list[str], directory: Path, length: int, args: argparse.Namespace
+) -> Any:
+    """Requests of --bulk-texts of `texts` each from --bulk-clients clients: tokens/s."""
     size = args.bulk_texts
     groups = [texts[i : i + size] for i in range(0, len(texts), size)]
     body = {"model": MODEL_NAME, "encoding_format": "base64"}
@@ -259,11 +265,12 @@ def measure_bulk(port: int, directory: Path, length: int, args: argparse.Namespa
     return point
 
 
-def library_bulk(directory: Path, pooling: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The library on the same bulk texts, at its best budget, on the server's cores."""
+def library_bulk(
+    directory: Path, pooling: str, texts: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The library on the bulk texts, at its best budget, on the server's cores."""
     if args.server_cores:
         os.sched_setaffinity(0, parse_cores(args.server_cores))
-    texts = repeated_texts(args.corpus, args.bulk_texts * 256)
     rate = asyncio.run(
         library_rate(str(directory), pooling, texts, args.library_batch_tokens, 2, None, [])
     )
@@ -336,16 +343,17 @@ def main() -> None:
     import torch
 
     texts = short_texts(load_corpus(args.corpus, repeat=1), args.words, 4096)
+    bulk_texts = repeated_texts(args.corpus, args.bulk_texts * 256) if args.bulk_clients else []
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as workdir:
         args.workdir = Path(workdir)
         directory, pooling, length = model_directory(args.model, args.workdir, args.tiny, device)
         lengths = [len(e.ids) for e in fast_tokenizer(directory, length).encode_batch(texts)]
-        points, bulk = run_embedx(directory, pooling, length, texts, args)
+        points, bulk = run_embedx(directory, pooling, length, texts, bulk_texts, args)
         methods = {"embedx": points}
         if args.infinity_site:
             methods["infinity"] = run_infinity(directory, device, texts, args)
-        library = library_bulk(directory, pooling, args) if bulk else None
+        library = library_bulk(directory, pooling, bulk_texts, args) if bulk else None
     result = {
         "benchmark": "online",
         "model": args.model,
