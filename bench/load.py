@@ -475,7 +475,8 @@ def start_server(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]
         "EMBEDX_HOST": "127.0.0.1",
         "EMBEDX_PORT": str(port),
         "EMBEDX_MAX_BATCH_TOKENS": str(args.max_batch_tokens),
-        "EMBEDX_MAX_CONCURRENT_REQUESTS": str(args.clients),
+        # every client's request admitted: --clients is what is measured
+        "EMBEDX_MAX_INPUTS_IN_FLIGHT": str(args.clients * args.batch),
         "EMBEDX_LOG_LEVEL": "warning",
         # a random shape is a directory the requests name by its path (127.0.0.1 only)
         "EMBEDX_ALLOW_LOCAL_PATHS": "true",

@@ -227,10 +227,14 @@ def run_embedx(
     port = free_port()
     models = args.workdir / "models.toml"
     models.write_text(f'[models.{MODEL_NAME}]\nsource = "{directory}"\npooling = "{pooling}"\n')
-    env = {**os.environ, "EMBEDX_HOST": "127.0.0.1", "EMBEDX_PORT": str(port),
-           "EMBEDX_MODELS_FILE": str(models), "EMBEDX_PRELOAD": MODEL_NAME,
-           "EMBEDX_LOG_LEVEL": "warning",
-           "EMBEDX_MAX_CONCURRENT_REQUESTS": str(max(args.clients))}  # fmt: skip
+    env = {
+        **os.environ,
+        "EMBEDX_HOST": "127.0.0.1",
+        "EMBEDX_PORT": str(port),
+        "EMBEDX_MODELS_FILE": str(models),
+        "EMBEDX_PRELOAD": MODEL_NAME,
+        "EMBEDX_LOG_LEVEL": "warning",
+    }  # default limits: what a user gets
     server = serve([*args.server_taskset, sys.executable, "-m", "embedx", "serve"], env, port)
     try:
         points = measure(

@@ -195,8 +195,7 @@ def run_server(
     models.write_text(f'[models.{MODEL_NAME}]\nsource = "{directory}"\n')
     env = {**os.environ, "EMBEDX_PORT": str(args.port), "EMBEDX_MODELS_FILE": str(models),
            "EMBEDX_PRELOAD": MODEL_NAME, "EMBEDX_LOG_LEVEL": "warning",
-           "EMBEDX_MAX_BATCH_TOKENS": str(args.max_batch_tokens),
-           "EMBEDX_MAX_CONCURRENT_REQUESTS": str(max(32, args.clients))}  # fmt: skip
+           "EMBEDX_MAX_BATCH_TOKENS": str(args.max_batch_tokens)}  # fmt: skip
     server = subprocess.Popen(
         [*args.server_cores, sys.executable, "-m", "embedx", "serve"], env=env
     )

@@ -15,12 +15,15 @@ from embedx import config_values as values
 from embedx.errors import ConfigError
 
 ENV_PREFIX = "EMBEDX_"
-# Requests name their model; a server-wide model or pooling would hide that.
+# Not settings: a server-wide model or pooling would hide what requests name; and a
+# setting replaced, said so rather than ignored.
 REFUSED_ENV = {
     "EMBEDX_MODEL_ID": "requests name their model: send `model` in each request, "
     "or add the model to the catalog (EMBEDX_MODELS_FILE)",
     "EMBEDX_POOLING": "pooling is stated per model: send `pooling` with the first request "
     "for a model, or set it in the catalog (EMBEDX_MODELS_FILE)",
+    "EMBEDX_MAX_CONCURRENT_REQUESTS": "admission counts inputs, not requests: set "
+    "EMBEDX_MAX_INPUTS_IN_FLIGHT (default 8192; a request of n texts or pairs holds n)",
 }
 
 
@@ -169,18 +172,23 @@ class Settings:
         values.integer(1),
         "Bytes of request bodies read, parsed and embedded at once, reserved before a body is "
         "read (its declared length, or EMBEDX_MAX_REQUEST_BYTES when it is chunked) until its "
-        "response; the rest wait as for a slot. A body larger than this runs alone.",
+        "response; the rest wait in turn. A body larger than this runs alone.",
     )
     # An H200 serving MiniLM ran 2.09M tok/s with 8 requests of 256 texts in flight and
-    # 2.88M with 32; 64 to 256 ran no faster, only with longer waits (bench/load.py,
-    # bench/results/load.md).
-    max_concurrent_requests: int = _setting(
-        32, values.integer(1), "Embedding requests in flight; the rest wait."
+    # 2.88M with 32 (8,192 texts); more ran no faster, only with longer waits (bench/load.py,
+    # bench/results/load.md). Counted in inputs, not requests: one-text requests from 256
+    # clients all run at once.
+    max_inputs_in_flight: int = _setting(
+        8192,
+        values.integer(1),
+        "Inputs (texts, pairs) of the requests being embedded or scored at once; a request "
+        "of n inputs holds n until answered, and the rest wait in arrival order. A request "
+        "larger than this runs alone.",
     )
     request_queue_timeout_s: float = _setting(
         30.0,
         values.seconds,
-        "How long a request may wait for a slot, or for its body's bytes, before a 503.",
+        "How long a request may wait for its inputs' turn, or for its body's bytes, before a 503.",
     )
     default_keep_alive_s: float = _setting(
         600.0,

@@ -20,7 +20,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert settings.max_request_bytes == 32_000_000
     assert settings.max_batch_tokens == 16384
     assert settings.default_keep_alive_s == 600
-    assert settings.max_concurrent_requests == 32
+    assert settings.max_inputs_in_flight == 8192
     assert settings.request_queue_timeout_s == 30
     assert settings.max_concurrent_loads == 2
     assert settings.normalize is True
@@ -110,6 +110,11 @@ def test_a_value_that_is_no_number_says_what_was_expected() -> None:
 def test_a_server_wide_model_or_pooling_is_refused(variable: str) -> None:
     with pytest.raises(ConfigError, match="request"):
         load_settings(environ={variable: "anything"})
+
+
+def test_the_request_count_limit_replaced_by_the_inputs_one_is_named_not_ignored() -> None:
+    with pytest.raises(ConfigError, match="EMBEDX_MAX_INPUTS_IN_FLIGHT"):
+        load_settings(environ={"EMBEDX_MAX_CONCURRENT_REQUESTS": "64"})
 
 
 def test_devices_take_indices_and_cpu() -> None:

@@ -36,9 +36,14 @@ async def test_info_shows_settings_devices_counters_and_models(served: InProcess
     assert info["settings"]["api_key"] == "unset"
     assert info["devices"][0]["device"] == "cpu"
     assert info["allocator"] == allocator()
-    assert {"limit", "running", "waiting", "http_in_flight", "http_receiving"} <= set(
-        info["requests"]
-    )
+    assert {
+        "inputs_limit",
+        "inputs_held",
+        "running",
+        "waiting",
+        "http_in_flight",
+        "http_receiving",
+    } <= set(info["requests"])
     model = next(m for m in info["models"] if m["model"] == MINILM_NAME)
     for key in ("pooling", "dimensions", "max_seq_len", "devices", "idle_s", "truncated_inputs"):
         assert key in model

@@ -56,6 +56,6 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> Gua
         )
     check_preload(settings, registry.catalog)
     check_default_model(settings, registry.catalog)
-    admission = Admission(settings.max_concurrent_requests, settings.request_queue_timeout_s)
+    admission = Admission(settings.max_inputs_in_flight, settings.request_queue_timeout_s)
     state = ServerState(settings, registry, registry.devices, admission)
     return Guard(Dispatch(ROUTES, state), state, (path for _, path, _ in ROUTES))

@@ -9,7 +9,7 @@ import asyncio
 from embedx.allocator import GIVE_BACK_AFTER_BYTES, give_back_soon
 from embedx.config import Settings
 from embedx.errors import BodyTimeout, PayloadTooLarge
-from embedx.server.admission import ByteBudget
+from embedx.server.admission import Budget
 from embedx.server.asgi import Receive, Scope, header
 from embedx.server.disconnect import ClientGone
 
@@ -17,7 +17,7 @@ from embedx.server.disconnect import ClientGone
 class Body:
     __slots__ = ("_budget", "_settings", "reserved", "size")
 
-    def __init__(self, budget: ByteBudget, settings: Settings) -> None:
+    def __init__(self, budget: Budget, settings: Settings) -> None:
         self._budget = budget
         self._settings = settings
         self.reserved = 0  # bytes of the budget this request holds

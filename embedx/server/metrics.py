@@ -123,14 +123,20 @@ class ServerCollector(Collector):
         yield _single(
             "embedx_requests_running",
             "gauge",
-            "Embedding requests holding a slot.",
+            "Requests admitted to embed or score, holding their inputs.",
             self.admission.running,
         )
         yield _single(
             "embedx_requests_waiting",
             "gauge",
-            "Embedding requests waiting for a slot.",
+            "Requests waiting for their inputs' turn (EMBEDX_MAX_INPUTS_IN_FLIGHT).",
             self.admission.waiting,
+        )
+        yield _single(
+            "embedx_inputs_in_flight",
+            "gauge",
+            "Inputs (texts, pairs) the admitted requests hold.",
+            self.admission.inputs.held,
         )
 
         registry = self.registry.report()

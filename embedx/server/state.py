@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from embedx.server.admission import Admission, ByteBudget
+from embedx.server.admission import Admission, Budget
 from embedx.server.http_metrics import HttpMetrics
 from embedx.server.metrics import metrics_registry
 from embedx.server.tei_metrics import TeiMetrics
@@ -38,13 +38,16 @@ class ServerState:
     # the tasks of HTTP requests still waiting for their body's bytes of the budget, or for
     # the body itself: no work yet, so a stop ends them at once
     receiving: set[asyncio.Task[Any]] = field(default_factory=set)
-    bodies: ByteBudget = field(init=False)
+    bodies: Budget = field(init=False)
     metrics: CollectorRegistry = field(init=False)  # /metrics', read at scrape time
 
     def __post_init__(self) -> None:
         self.idle.set()
-        self.bodies = ByteBudget(
-            self.settings.max_body_bytes_in_flight, self.settings.request_queue_timeout_s
+        self.bodies = Budget(
+            self.settings.max_body_bytes_in_flight,
+            self.settings.request_queue_timeout_s,
+            "bytes",
+            "EMBEDX_MAX_BODY_BYTES_IN_FLIGHT",
         )
         self.metrics = metrics_registry(self.http, self.tei, self.registry, self.admission)
 

@@ -48,7 +48,7 @@ async def embed(
     with state.tei.request("embed", len(request.texts)) as record:
         async with (
             state.registry.lease(request.model, request.load) as engine,
-            state.admission.slot(),
+            state.admission.slot(len(request.texts)),
         ):
             try:
                 return await record.run(engine.embed(request.texts, options))

@@ -65,7 +65,8 @@ async def _score(
     model = request.model or _default_scorer(state)
     options = ScoreOptions(request.truncate, request.raw_scores, request.instruction)
     with state.tei.request("predict", len(request.inputs)) as record:
-        async with state.registry.lease(model, request.load) as engine, state.admission.slot():
+        admitted = state.admission.slot(len(request.inputs))
+        async with state.registry.lease(model, request.load) as engine, admitted:
             try:
                 result = await record.run(engine.score(request.inputs, options))
             except WrongModelTask as exc:

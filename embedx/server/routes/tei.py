@@ -50,7 +50,8 @@ async def tokenize_tei(state: ServerState, http: Request) -> Response:
     settings = state.settings
     max_items = settings.max_request_items
     request = parse_tokenize(await json_body(http), max_items, tei_default(settings))
-    async with state.registry.lease(request.model, ANY_TASK) as engine, state.admission.slot():
+    admitted = state.admission.slot(len(request.texts))
+    async with state.registry.lease(request.model, ANY_TASK) as engine, admitted:
         tokenized = await tokens.tokenize(
             engine,
             request.texts,
@@ -64,6 +65,7 @@ async def tokenize_tei(state: ServerState, http: Request) -> Response:
 async def decode_tei(state: ServerState, http: Request) -> Response:
     settings = state.settings
     request = parse_decode(await json_body(http), settings.max_request_items, tei_default(settings))
-    async with state.registry.lease(request.model, ANY_TASK) as engine, state.admission.slot():
+    admitted = state.admission.slot(len(request.ids))
+    async with state.registry.lease(request.model, ANY_TASK) as engine, admitted:
         texts = await tokens.decode(engine, request.ids, skip_special=request.skip_special_tokens)
     return json_response(texts)
