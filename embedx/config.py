@@ -68,8 +68,13 @@ class Settings:
         "`auto`: every GPU, or the CPU when there is none.",
         "auto",
     )
+    # The library ran MiniLM on an H200 at 3.5M tok/s with 262,144 and 2.6M with 16,384.
     max_batch_tokens: int = _setting(
-        16384, values.integer(1), "Cap on a batch's padded tokens (items x longest) on any device."
+        262144,
+        values.integer(1),
+        "Cap on a batch's padded tokens (items x longest) on any device. Below it, a GPU's "
+        "budget is what its free memory holds at load (two batches in flight, 15% left "
+        "free); the CPU's is 4096.",
     )
     cuda_graph_tokens: int = _setting(
         0,

@@ -18,7 +18,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert settings.port == 8477
     assert settings.max_request_items == 2048
     assert settings.max_request_bytes == 32_000_000
-    assert settings.max_batch_tokens == 16384
+    assert settings.max_batch_tokens == 262144
     assert settings.default_keep_alive_s == 600
     assert settings.max_inputs_in_flight == 8192
     assert settings.request_queue_timeout_s == 30
@@ -142,7 +142,7 @@ def test_per_device_maps_parse() -> None:
         ("EMBEDX_DEVICE_WEIGHTS", "0=inf", "positive number"),
         ("EMBEDX_DEVICE_WEIGHTS", "cpu=1,cpu=2", "names a device twice"),
         ("EMBEDX_DEVICE_BATCH_TOKENS", "0=1,0=2", "names a device twice"),
-        ("EMBEDX_DEVICE_BATCH_TOKENS", "0=65536", "above EMBEDX_MAX_BATCH_TOKENS (16384)"),
+        ("EMBEDX_DEVICE_BATCH_TOKENS", "0=300000", "above EMBEDX_MAX_BATCH_TOKENS (262144)"),
     ],
 )
 def test_a_per_device_map_that_cannot_mean_one_thing_is_refused(

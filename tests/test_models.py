@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from embedx.engine.outputs import RowForm, finish_on_device
 from embedx.errors import (
@@ -699,6 +700,46 @@ def test_texts_packed_to_a_graphs_shape_get_their_own_rows(
     shaped = model.forward(packed_views(torch.from_numpy(host.buffer), rows, texts, rows, rows))
     assert shaped.shape[0] == texts
     assert torch.allclose(shaped[: len(ids)], tight, atol=1e-5)
+
+
+class _MatrixProducts(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """The matrix products run under it, as (op, shapes of its tensor arguments)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.seen: set[tuple[str, tuple[tuple[int, ...], ...]]] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func.overloadpacket)
+        if name.split(".")[-1] in ("linear", "mm", "addmm", "_addmm_activation", "bmm"):
+            shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+            self.seen.add((name, shapes))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    ("shape", "pooling"),
+    [("bert-base", "cls"), ("bert-base", "mean"), ("qwen3-0.6b", "last_token")],
+)
+def test_the_load_warms_every_matrix_shape_a_batch_of_so_many_rows_meets(
+    tiny_models: dict[str, Path], shape: str, pooling: str
+) -> None:
+    """At load a GPU model runs one layer's projections (`matmuls`) for every row count a
+    batch can be padded to, instead of a whole forward (engine/probe.py): that must meet
+    every product a forward of that many token rows does."""
+    files = resolve(str(tiny_models[shape]))
+    model = EmbeddingModel(files, Pooling(pooling), CPU, "float32")
+    ids = TextTokenizer(files, 64).encode_now(TEXTS * 3).views()
+    batch = to_device(pack(ids, budget=4096), CPU)
+    rows = batch.input_ids.shape[0]
+    with _MatrixProducts() as forward_products:
+        model.forward(batch)
+    assert model.matmuls is not None
+    with _MatrixProducts() as warmed:
+        model.matmuls(rows)
+    over_rows = {p for p in forward_products.seen if any(s[:1] == (rows,) for s in p[1])}
+    assert over_rows, "the forward ran no product over the batch's rows"
+    assert over_rows <= warmed.seen
 
 
 def test_dtype_auto_is_bf16_on_new_gpus_fp16_on_old_fp32_on_cpu() -> None:

@@ -72,7 +72,7 @@ class EngineOptions:
 
     normalize: bool = True
     wrapping: str | None = None
-    max_batch_tokens: int = 16384
+    max_batch_tokens: int = 262144
     max_batch_items: int | None = None
     cuda_graph_tokens: int = 0
     device_batch_tokens: dict[str, int] | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -99,9 +100,16 @@ async def probe(replica: Replica, plan: ProbePlan) -> Probed:
             for tokens in (budget // 32, budget // 8, budget // 2, budget):
                 await timed(replica, _batch(plan, max(tokens, width), width), plan)
         # A matrix shape cuBLAS meets for the first time makes the host wait for the
-        # device: every row count a batch is padded to runs now.
+        # device: every row count a batch is padded to meets them now. One layer's
+        # projections do it where the model gives them: a whole forward of each of the 192
+        # counts up to 262,144 rows is 9.6M tokens, 12 s of BERT-large at 816k tok/s.
+        matmuls = replica.model.matmuls
         for rows in bucketed_rows(budget):
-            await timed(replica, _batch(plan, rows, min(length, 16)), plan)
+            if matmuls is None:
+                await timed(replica, _batch(plan, rows, min(length, 16)), plan)
+            else:
+                launched = accelerator.launch(partial(matmuls, rows))
+                await accelerator.result(launched, WARM_UP_TIMEOUT_S)
         if replica.model.one_row_per_text:  # every bucketed count of pooled rows
             texts = 64
             while texts <= max(64, plan.most_texts(budget)):

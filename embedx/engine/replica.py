@@ -3,7 +3,7 @@ there."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
@@ -27,6 +27,13 @@ class ReplicaModel(Protocol):
     dimensions: int  # a row's width: the embedding's, or the scorer's labels
     implementation: str  # whose code runs it: embedx's own for an architecture, or transformers
     one_row_per_text: bool  # the last layer runs for one token a text
+
+    @property
+    def matmuls(self) -> Callable[[int], None] | None:
+        """One layer's projections for a number of token rows: at load, every matrix shape
+        a padded row count meets, at a layer's cost rather than a forward's (probe.py);
+        None where only a whole forward can (transformers' code)."""
+        ...
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         """(B, dimensions) float32 rows of a packed batch."""

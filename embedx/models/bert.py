@@ -168,7 +168,6 @@ class BertEncoder:
         self.scale = 1.0 / math.sqrt(h // c.heads)
 
     def forward(self, batch: PackedBatch, pooled: torch.Tensor | None = None) -> torch.Tensor:
-        import torch
         import torch.nn.functional as F
 
         c = self.config
@@ -195,10 +194,31 @@ class BertEncoder:
             x = self.ops.add_layer_norm(
                 F.linear(a, layer.out_w, layer.out_b), x, *layer.norm1, c.eps
             )
-            if self.fused_gelu:
-                up = torch._addmm_activation(layer.up_b, x, layer.up_w.t(), use_gelu=True)
-            else:
-                up = self.act(F.linear(x, layer.up_w, layer.up_b))  # (T, I)
-            down = F.linear(up, layer.down_w, layer.down_b)
+            down = F.linear(self._up(layer, x), layer.down_w, layer.down_b)
             x = self.ops.add_layer_norm(down, x, *layer.norm2, c.eps)
         return x
+
+    def _up(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        """The up projection and its activation: (T, H) -> (T, I)."""
+        import torch
+        import torch.nn.functional as F
+
+        if self.fused_gelu:
+            return torch._addmm_activation(layer.up_b, x, layer.up_w.t(), use_gelu=True)
+        return self.act(F.linear(x, layer.up_w, layer.up_b))
+
+    def warm_matmuls(self, rows: int) -> None:
+        """One layer's projections for `rows` token rows, called as `forward` calls them:
+        every matrix shape a batch of that many rows meets, at a layer's cost (see
+        ReplicaModel.matmuls)."""
+        import torch
+        import torch.nn.functional as F
+
+        layer = self.layers[0]
+        with torch.inference_mode():
+            x = torch.zeros(
+                rows, self.config.hidden, dtype=self.word.dtype, device=self.word.device
+            )
+            F.linear(x, layer.qkv_w, layer.qkv_b)
+            F.linear(x, layer.out_w, layer.out_b)
+            F.linear(self._up(layer, x), layer.down_w, layer.down_b)

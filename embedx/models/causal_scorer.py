@@ -4,6 +4,7 @@ whole vocabulary; packed on embedx's Qwen3 code, else padded through transformer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from embedx.errors import InvalidModel
@@ -25,10 +26,17 @@ class LogitScorer:
     """(B, 1) float32 logits: a pair's last-token logit of the true token, less that of the
     false token where there is one, as LogitScore subtracts them."""
 
-    def __init__(self, last_states: Any, head: torch.Tensor, device: torch.device) -> None:
+    def __init__(
+        self,
+        last_states: Any,
+        head: torch.Tensor,
+        device: torch.device,
+        matmuls: Callable[[int], None] | None = None,
+    ) -> None:
         self.last_states = last_states  # (batch, (B,) rows) -> (B, H)
         self.head = head  # (1 or 2, H): the true token's row, then the false one's
         self.bucket_rows = device.type == "cuda"  # see `pooling.bucketed`
+        self.matmuls = matmuls  # see ReplicaModel
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         import torch.nn.functional as F
@@ -55,7 +63,7 @@ def logit_scorer(
     if isinstance(native, qwen3.Qwen3Config):
         encoder = qwen3.Qwen3Encoder(native, list(files.weights), device, dtype)
         head = _head_rows(files, ids, encoder.embed, device, dtype)
-        return LogitScorer(encoder.forward, head, device), "qwen3"
+        return LogitScorer(encoder.forward, head, device, encoder.warm_matmuls), "qwen3"
     if implementation == "native":
         raise InvalidModel(
             f"embedx's own code runs no causal-LM reranker of model_type "

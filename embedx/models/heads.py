@@ -4,6 +4,7 @@ causal_scorer.py), one call: packed pairs in, (B, labels) logits out."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -72,6 +73,11 @@ class ClassifierHead:
 
 
 class Scorer(Protocol):
+    @property
+    def matmuls(self) -> Callable[[int], None] | None:
+        """See ReplicaModel."""
+        ...
+
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         """(B, labels) float32 logits."""
         ...
@@ -84,6 +90,7 @@ class NativeScorer:
         self.encoder = encoder
         self.head = head
         self.bucket_rows = encoder.word.device.type == "cuda"  # see `pooling.bucketed`
+        self.matmuls = encoder.warm_matmuls
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         rows = batch.cu_seqlens[:-1].long()  # each pair's first token: [CLS] or <s>
@@ -151,6 +158,10 @@ class ScoringModel:
     @property
     def labels(self) -> tuple[str, ...]:
         return self.task.labels
+
+    @property
+    def matmuls(self) -> Callable[[int], None] | None:
+        return self.scorer.matmuls
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         """(B, labels) float32 logits for a packed batch of pairs (`pairs.encode_pairs`)."""

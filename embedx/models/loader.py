@@ -155,11 +155,14 @@ class EmbeddingModel:
         target = torch_dtype(dtype)
         native = chosen_config(files, implementation)
         self.encoder: Encoder
+        self.matmuls: Callable[[int], None] | None = None  # see ReplicaModel
         if isinstance(native, bert.BertConfig):
-            self.encoder = bert.BertEncoder(native, list(files.weights), device, target)
+            native_encoder = bert.BertEncoder(native, list(files.weights), device, target)
+            self.encoder, self.matmuls = native_encoder, native_encoder.warm_matmuls
             self.implementation, hidden = "bert", native.hidden
         elif isinstance(native, qwen3.Qwen3Config):
-            self.encoder = qwen3.Qwen3Encoder(native, list(files.weights), device, target)
+            decoder = qwen3.Qwen3Encoder(native, list(files.weights), device, target)
+            self.encoder, self.matmuls = decoder, decoder.warm_matmuls
             self.implementation, hidden = "qwen3", native.hidden
         else:
             from embedx.models.transformers_auto import TransformersEncoder

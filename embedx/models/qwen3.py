@@ -169,3 +169,18 @@ class Qwen3Encoder:
             following = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
             x, h = ops.add_rms_norm(mlp, x, following, c.eps)  # each add feeds the next norm
         return h  # the final norm of the last residual stream
+
+    def warm_matmuls(self, rows: int) -> None:
+        """One layer's projections for `rows` token rows, called as `forward` calls them:
+        every matrix shape a batch of that many rows meets, at a layer's cost (see
+        ReplicaModel.matmuls)."""
+        import torch
+        import torch.nn.functional as F
+
+        layer = self.layers[0]
+        with torch.inference_mode():
+            device, dtype = self.embed.device, self.embed.dtype
+            h = torch.zeros(rows, self.config.hidden, device=device, dtype=dtype)
+            F.linear(h, layer.qkv_w)
+            F.linear(torch.zeros(rows, self.q_width, device=device, dtype=dtype), layer.o_w)
+            F.linear(self.ops.silu_mul(F.linear(h, layer.gate_up_w)), layer.down_w)

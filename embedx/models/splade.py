@@ -10,6 +10,7 @@ most `CHUNK` logits exist at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from embedx.models import bert
@@ -103,8 +104,10 @@ class SpladeModel:
         # PackedBatch -> (T, X) token states, then a chunk of them -> (c, V) logits
         self.states: Any
         self.logits: Any
+        self.matmuls: Callable[[int], None] | None = None  # see ReplicaModel
         if isinstance(native, bert.BertConfig):
             encoder = bert.BertEncoder(native, list(files.weights), device, target)
+            self.matmuls = encoder.warm_matmuls
             head = MaskedLmHead(native, str(files.config.get("model_type")),
                                 list(files.weights), device, target, encoder.word)  # fmt: skip
             self.states = lambda batch: head.transform(encoder.forward(batch)[: batch.tokens])

@@ -3,6 +3,7 @@ AutoModelForSequenceClassification on padded batches (the fallback for scoring p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from embedx.errors import InvalidModel
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 class TransformersClassifier:
     """Unpacks each batch of pairs into right-padded rows (with their token types where the
     model reads them) and returns the model's logits."""
+
+    matmuls: Callable[[int], None] | None = None  # see ReplicaModel: transformers' forward
 
     def __init__(
         self, files: ModelFiles, device: torch.device, dtype: torch.dtype, token_types: bool
