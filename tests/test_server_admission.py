@@ -84,6 +84,19 @@ async def test_a_large_request_waiting_is_not_passed_by_small_ones_and_then_runs
     assert order == ["first", "large", "small"]
 
 
+async def test_a_large_request_given_up_lets_those_behind_it_in() -> None:
+    admission = Admission(8, 30.0)
+    async with admission.slot(4):
+        large = asyncio.create_task(admission.inputs.reserve(100))  # its client will leave
+        await next_turn()
+        small = asyncio.create_task(admission.inputs.reserve(1))  # fits, but waits in order
+        await next_turn()
+        assert not small.done()
+        large.cancel()
+        assert await asyncio.wait_for(small, PATIENCE_S) == 1  # in before the 4 come back
+        assert admission.inputs.held == 5
+
+
 async def test_a_request_cancelled_as_its_slot_frees_does_not_run() -> None:
     admission = Admission(1, 30.0)
     entered: list[str] = []

@@ -93,6 +93,7 @@ class Budget:
                 entry[1].cancel()
                 with contextlib.suppress(ValueError):  # `_grant` drops it if it got there first
                     self._waiting.remove(entry)
+                self._grant()  # in order, those behind it may fit now
             if not isinstance(exc, TimeoutError):
                 raise
             self.timeouts += 1
