@@ -291,6 +291,8 @@ def load_settings(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"EMBEDX_CONFIG {path} cannot be read: {exc}") from None
         for key, raw in table.items():
+            if refused := REFUSED_ENV.get(ENV_PREFIX + key.upper()):
+                raise ConfigError(f"{path}: {key} is not a setting: {refused}.")
             if key not in names:
                 raise ConfigError(f"{path}: unknown setting {key!r}.{_did_you_mean(key, names)}")
             values[key] = _parse(key, raw, str(path))

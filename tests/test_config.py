@@ -112,9 +112,13 @@ def test_a_server_wide_model_or_pooling_is_refused(variable: str) -> None:
         load_settings(environ={variable: "anything"})
 
 
-def test_the_request_count_limit_replaced_by_the_inputs_one_is_named_not_ignored() -> None:
+def test_the_request_count_limit_replaced_by_the_inputs_one_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="EMBEDX_MAX_INPUTS_IN_FLIGHT"):
         load_settings(environ={"EMBEDX_MAX_CONCURRENT_REQUESTS": "64"})
+    config = tmp_path / "embedx.toml"
+    config.write_text("max_concurrent_requests = 64\n")
+    with pytest.raises(ConfigError, match=r"max_concurrent_requests is not a setting.*INPUTS"):
+        load_settings(environ={"EMBEDX_CONFIG": str(config)})
 
 
 def test_devices_take_indices_and_cpu() -> None:
