@@ -10,7 +10,9 @@ smoke run). Texts are --words words of the corpus each (15 words: about 20 token
 size (texts a request) and client count, client processes on --client-cores hold that many
 keep-alive connections to 127.0.0.1, each sending one request after another (a raw HTTP/1.1
 client on uvloop: an SDK's own cost would be most of what is measured). After --warmup
-seconds, --seconds count: requests/s, and p50/p99 of the requests that started within them.
+seconds, --seconds count: requests/s, and p50/p99 of the requests that started within them,
+and the server's CPU time a request (/proc, Linux): its main thread's (the event loop, which
+limits a server of many small requests) and its whole process's.
 Then bulk: --bulk-texts texts a request from --bulk-clients clients against the same server
 (default settings), in tokens/s, against the library (`Engine.embed` of all the texts at once)
 at --library-batch-tokens, its best budget, on the server's cores once the server is gone.
@@ -25,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -161,6 +164,13 @@ def _client_process(job: tuple[int, list[bytes], int, float, float, set[int] | N
     return uvloop.run(run())
 
 
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """CPU seconds (user and system) a process, or one of its threads, has used so far."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()  # utime, stime: fields 14, 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def drive(
     port: int,
     requests: list[bytes],
@@ -169,30 +179,52 @@ def drive(
     warmup_s: float,
     seconds: float,
     cores: set[int] | None,
+    server: int,
 ) -> dict[str, Any]:
-    """`clients` connections over `processes` processes, for warm-up and then `seconds`."""
+    """`clients` connections over `processes` processes, for warm-up and then `seconds`; the
+    `server` process's CPU read as the timed seconds begin and end."""
     processes = min(processes, clients)
     counts = [clients // processes + (i < clients % processes) for i in range(processes)]
     jobs = [
         (port, requests[i::processes], n, warmup_s, seconds, cores) for i, n in enumerate(counts)
     ]
+    cpu: list[tuple[float, float]] = []
+
+    def read_cpu() -> None:
+        cpu.append((cpu_seconds(server, server), cpu_seconds(server)))
+
+    timers = [threading.Timer(at, read_cpu) for at in (warmup_s, warmup_s + seconds)]
     with ProcessPoolExecutor(processes) as pool:
+        for timer in timers:
+            timer.start()
         shares = list(pool.map(_client_process, jobs))
+    for timer in timers:
+        timer.join()
     latencies = sorted(t for share in shares for t in share.latencies)
     errors = sum(share.errors for share in shares)
     if errors or not latencies:
         raise SystemExit(f"{errors} of the requests failed; {len(latencies)} answered")
+    completed = sum(share.completed for share in shares)
+    (loop_0, all_0), (loop_1, all_1) = cpu
     return {
         "clients": clients,
-        "requests_per_s": round(sum(share.completed for share in shares) / seconds, 1),
+        "requests_per_s": round(completed / seconds, 1),
         "p50_ms": round(1e3 * statistics.median(latencies), 3),
         "p99_ms": round(1e3 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3),
         "requests": len(latencies),
+        "server_main_thread_us_per_request": round(1e6 * (loop_1 - loop_0) / completed, 1),
+        "server_cpu_us_per_request": round(1e6 * (all_1 - all_0) / completed, 1),
     }
 
 
 def measure(
-    name: str, port: int, path: str, body: Any, texts: list[str], args: argparse.Namespace
+    name: str,
+    server: subprocess.Popen[bytes],
+    port: int,
+    path: str,
+    body: Any,
+    texts: list[str],
+    args: argparse.Namespace,
 ) -> list[dict[str, Any]]:
     """Every (size, clients) point against one server, as `body(texts)` shapes a request."""
     points = []
@@ -202,7 +234,7 @@ def measure(
         for clients in args.clients:
             point = drive(
                 port, requests, clients, args.client_processes, args.warmup, args.seconds,
-                args.client_cores,
+                args.client_cores, server.pid,
             )  # fmt: skip
             point["texts_per_request"] = size
             print(name, point, flush=True)
@@ -238,11 +270,13 @@ def run_embedx(
     server = serve([*args.server_taskset, sys.executable, "-m", "embedx", "serve"], env, port)
     try:
         points = measure(
-            "embedx", port, "/v1/embeddings",
+            "embedx", server, port, "/v1/embeddings",
             lambda group: {"model": MODEL_NAME, "input": group, "encoding_format": "float"},
             texts, args,
         )  # fmt: skip
-        bulk = measure_bulk(port, bulk_texts, directory, length, args) if bulk_texts else None
+        bulk = None
+        if bulk_texts:
+            bulk = measure_bulk(server, port, bulk_texts, directory, length, args)
     finally:
         server.terminate()
         server.wait(60)
@@ -250,7 +284,12 @@ def run_embedx(
 
 
 def measure_bulk(
-    port: int, texts: list[str], directory: Path, length: int, args: argparse.Namespace
+    server: subprocess.Popen[bytes],
+    port: int,
+    texts: list[str],
+    directory: Path,
+    length: int,
+    args: argparse.Namespace,
 ) -> Any:
     """Requests of --bulk-texts of `texts` each from --bulk-clients clients: tokens/s."""
     size = args.bulk_texts
@@ -261,7 +300,7 @@ def measure_bulk(
     tokens_per_request = sum(len(e.ids) for e in encoded) / len(groups)
     point = drive(
         port, requests, args.bulk_clients, args.client_processes, args.warmup, args.seconds,
-        args.client_cores,
+        args.client_cores, server.pid,
     )  # fmt: skip
     point["texts_per_request"] = size
     point["tokens_per_s"] = round(point["requests_per_s"] * tokens_per_request)
@@ -296,7 +335,7 @@ def run_infinity(directory: Path, device: str, texts: list[str], args: argparse.
     server = serve(command, env, port)
     try:
         return measure(
-            "infinity", port, "/embeddings",
+            "infinity", server, port, "/embeddings",
             lambda group: {"model": str(directory), "input": group, "encoding_format": "float"},
             texts, args,
         )  # fmt: skip

@@ -149,6 +149,10 @@ def test_online_measures_small_requests_at_each_client_count(tmp_path: Path) -> 
         (8, 3),
     ]
     assert all(p["requests_per_s"] > 0 and 0 < p["p50_ms"] <= p["p99_ms"] for p in points)
+    # the server's CPU a request: its event loop's share of the whole process's
+    cpu = [(p["server_main_thread_us_per_request"], p["server_cpu_us_per_request"]) for p in points]
+    assert all(0 <= loop <= whole for loop, whole in cpu)
+    assert any(loop > 0 for loop, _ in cpu)
     assert 15 <= result["tokens_per_text"] <= 30  # 15 words a text
     bulk = result["bulk"]
     assert bulk["server"]["texts_per_request"] == 8
