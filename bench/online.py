@@ -206,14 +206,18 @@ def drive(
         raise SystemExit(f"{errors} of the requests failed; {len(latencies)} answered")
     completed = sum(share.completed for share in shares)
     (loop_0, all_0), (loop_1, all_1) = cpu
+
+    def per_request(seconds: float) -> float | None:  # None: none finished within the window
+        return round(1e6 * seconds / completed, 1) if completed else None
+
     return {
         "clients": clients,
         "requests_per_s": round(completed / seconds, 1),
         "p50_ms": round(1e3 * statistics.median(latencies), 3),
         "p99_ms": round(1e3 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3),
         "requests": len(latencies),
-        "server_main_thread_us_per_request": round(1e6 * (loop_1 - loop_0) / completed, 1),
-        "server_cpu_us_per_request": round(1e6 * (all_1 - all_0) / completed, 1),
+        "server_main_thread_us_per_request": per_request(loop_1 - loop_0),
+        "server_cpu_us_per_request": per_request(all_1 - all_0),
     }
 
 
