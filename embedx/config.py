@@ -17,7 +17,7 @@ from embedx.errors import ConfigError
 ENV_PREFIX = "EMBEDX_"
 # Not settings: a server-wide model or pooling would hide what requests name; and a
 # setting replaced, said so rather than ignored.
-REFUSED_ENV = {
+NOT_SETTINGS = {
     "EMBEDX_MODEL_ID": "requests name their model: send `model` in each request, "
     "or add the model to the catalog (EMBEDX_MODELS_FILE)",
     "EMBEDX_POOLING": "pooling is stated per model: send `pooling` with the first request "
@@ -277,7 +277,7 @@ def load_settings(
     names = set(Settings.__dataclass_fields__)
     values: dict[str, Any] = {}
 
-    for var, why in REFUSED_ENV.items():
+    for var, why in NOT_SETTINGS.items():
         if var in environ:
             raise ConfigError(f"{var} is not a setting: {why}.")
 
@@ -291,7 +291,7 @@ def load_settings(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"EMBEDX_CONFIG {path} cannot be read: {exc}") from None
         for key, raw in table.items():
-            if refused := REFUSED_ENV.get(ENV_PREFIX + key.upper()):
+            if refused := NOT_SETTINGS.get(ENV_PREFIX + key.upper()):
                 raise ConfigError(f"{path}: {key} is not a setting: {refused}.")
             if key not in names:
                 raise ConfigError(f"{path}: unknown setting {key!r}.{_did_you_mean(key, names)}")
