@@ -74,7 +74,7 @@ class EngineOptions:
     wrapping: str | None = None
     max_batch_tokens: int = 262144
     max_batch_items: int | None = None
-    cuda_graph_tokens: int = 0
+    cuda_graph_tokens: int = 2048
     device_batch_tokens: dict[str, int] | None = None
     batch_timeout_s: float = 60.0
     smoke_test: bool = True
