@@ -100,7 +100,8 @@ def run_library(
 
     heap.manage()  # the process's collector tuned as `embedx serve` tunes it
     pairs = pairs_of(requests)
-    with Reranker(str(directory), max_batch_tokens=args.max_batch_tokens) as reranker:
+    budget = {"max_batch_tokens": args.max_batch_tokens} if args.max_batch_tokens else {}
+    with Reranker(str(directory), **budget) as reranker:
         reranker.predict(pairs)  # warm: every batch shape the run meets
         started = time.perf_counter()
         scores = reranker.predict(pairs)
@@ -194,8 +195,9 @@ def run_server(
     models = args.workdir / "models.toml"
     models.write_text(f'[models.{MODEL_NAME}]\nsource = "{directory}"\n')
     env = {**os.environ, "EMBEDX_PORT": str(args.port), "EMBEDX_MODELS_FILE": str(models),
-           "EMBEDX_PRELOAD": MODEL_NAME, "EMBEDX_LOG_LEVEL": "warning",
-           "EMBEDX_MAX_BATCH_TOKENS": str(args.max_batch_tokens)}  # fmt: skip
+           "EMBEDX_PRELOAD": MODEL_NAME, "EMBEDX_LOG_LEVEL": "warning"}  # fmt: skip
+    if args.max_batch_tokens:
+        env["EMBEDX_MAX_BATCH_TOKENS"] = str(args.max_batch_tokens)
     server = subprocess.Popen(
         [*args.server_cores, sys.executable, "-m", "embedx", "serve"], env=env
     )
@@ -265,7 +267,8 @@ def main() -> None:
     parser.add_argument("--peer-queries", type=int, default=100,
                         help="queries the peers (CrossEncoder, infinity) get")  # fmt: skip
     parser.add_argument("--latency-requests", type=int, default=50)
-    parser.add_argument("--max-batch-tokens", type=int, default=65536)
+    parser.add_argument("--max-batch-tokens", type=int,
+                        help="the library's and the server's cap (default: embedx's)")  # fmt: skip
     parser.add_argument("--port", type=int, default=8490)
     parser.add_argument("--skip", nargs="*", default=[], help="library server cross_encoder")
     parser.add_argument("--infinity-site", help="a folder holding infinity-emb and its needs")
