@@ -222,8 +222,8 @@ def test_a_catalog_slot_is_checked_with_its_default_instruction(
         ModelSpec(name="m", source="m", prompts=prompts_, default_instruction=default)
 
 
-def test_every_input_type_is_in_the_readme_table_as_the_code_has_it() -> None:
-    table = (Path(__file__).parent.parent / "README.md").read_text()
+def test_every_input_type_is_in_the_docs_table_as_the_code_has_it() -> None:
+    table = (Path(__file__).parent.parent / "docs" / "api.md").read_text()
     for input_type, names in INPUT_TYPES.items():
         row = f"| `{input_type}` | " + ", ".join(f"`{name}`" for name in names) + " |"
         assert row in table, row
