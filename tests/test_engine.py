@@ -382,10 +382,12 @@ async def test_a_request_that_fails_stops_tokenizing_its_other_texts(
     make_engine: Callable[..., Any], reference_texts: list[str]
 ) -> None:
     from embedx.errors import EmbeddingFailed
-    from embedx.models.tokenizer import CHUNK, FIRST_CHUNK
+    from embedx.models.chunks import CHUNK, FIRST_CHUNK, chunk_bounds
 
     poison = "zyzzyva"  # one of its tokens is in no reference text
-    texts = [poison, *(reference_texts * 40)][: FIRST_CHUNK + 4 * CHUNK]  # five chunks
+    texts = [poison, *(reference_texts * 40)][: FIRST_CHUNK + 4 * CHUNK]
+    bounds = chunk_bounds([len(text) for text in texts])
+    assert len(bounds) >= 5
     # Texts cut to 8 tokens: the first chunk is two batches, so its poisoned batch runs soon
     # whichever end the device takes, however busy the machine.
     async with make_engine(("cpu",), max_batch_tokens=4096, max_seq_len=8) as engine:
@@ -418,7 +420,7 @@ async def test_a_request_that_fails_stops_tokenizing_its_other_texts(
             await engine.embed(texts)
         # the first chunk, the two queued behind it, and at most the one queued as the
         # second arrived: never the fifth
-        assert tokenizer.texts - before <= FIRST_CHUNK + 3 * CHUNK
+        assert tokenizer.texts - before <= bounds[3][1]
         assert (await engine.embed(reference_texts[:3])).vectors.shape == (3, 384)
 
 
@@ -575,10 +577,10 @@ async def test_a_request_cancelled_while_its_texts_share_a_batch_leaves_the_othe
 async def test_texts_cut_to_the_model_length_are_counted_over_every_chunk(
     make_engine: Callable[..., Any], tiny_models: dict[str, Path]
 ) -> None:
-    from embedx.models.tokenizer import FIRST_CHUNK
+    from embedx.models.chunks import FIRST_CHUNK
 
     long, short = "many words in a long text " * 20, "short"
-    texts = [long if i % 3 == 0 else short for i in range(FIRST_CHUNK + 500)]  # two chunks
+    texts = [long if i % 3 == 0 else short for i in range(FIRST_CHUNK + 500)]  # several chunks
     async with make_engine(("cpu",), model_dir=tiny_models["bert-base"], max_seq_len=32) as engine:
         result = await engine.embed(texts)
         assert result.truncated == texts.count(long)

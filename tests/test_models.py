@@ -28,6 +28,7 @@ from embedx.errors import (
 )
 from embedx.models import tokenizer as tokenizer_module
 from embedx.models.catalog import ModelSpec, load_catalog
+from embedx.models.chunks import INLINE_CHARS, chunk_bounds
 from embedx.models.loader import EmbeddingModel, max_tokens, resolve_dtype
 from embedx.models.packing import (
     FINE_FROM,
@@ -39,7 +40,7 @@ from embedx.models.packing import (
 )
 from embedx.models.pooling import Pooling, pool
 from embedx.models.source import check_exists, resolve
-from embedx.models.tokenizer import CHUNK, FIRST_CHUNK, Input, TextTokenizer
+from embedx.models.tokenizer import Input, TextTokenizer
 from tests.support.fakes import TickingClock
 from tests.support.models import RemoteCodeModel
 from tests.support.reference import forward
@@ -365,7 +366,7 @@ async def test_a_small_request_finding_the_tokenizer_idle_is_tokenized_on_the_lo
 ) -> None:
     tokenizer = TextTokenizer(resolve(str(minilm_dir)), 256)
     small = [text[:150] for text in reference_texts[:3]]
-    assert sum(map(len, small)) <= tokenizer_module.INLINE_CHARS
+    assert sum(map(len, small)) <= INLINE_CHARS
     try:
         assert await all_ids(tokenizer, small) == [e.ids for e in encode_all(minilm_dir, small)]
         assert tokenizer._thread is None  # no hand-off: the thread was never started
@@ -498,12 +499,38 @@ async def test_a_request_keeps_two_chunks_queued_while_it_handles_one(minilm_dir
         return start(texts, truncate=truncate, offset=offset)
 
     tokenizer._start = recorded  # type: ignore[method-assign]
-    bounds = [0, FIRST_CHUNK, FIRST_CHUNK + CHUNK, FIRST_CHUNK + 2 * CHUNK]
-    texts = ["a few words"] * (FIRST_CHUNK + 3 * CHUNK)
+    texts = ["a few words"] * 6000
+    bounds = [first for first, _ in chunk_bounds([len(text) for text in texts])]
+    assert len(bounds) >= 3
     handled = [(first, list(queued)) async for first, _ in tokenizer.encode_chunks(texts)]
     # while it handles a chunk, the next two are queued: one can encode while the
     # other's ids are taken out, even with no other request to fill the gap
     assert handled == [(first, bounds[: i + 3]) for i, first in enumerate(bounds)]
+
+
+def test_a_request_is_cut_into_calls_by_texts_and_by_characters() -> None:
+    from embedx.models.chunks import CHUNK, FIRST_CHARS, FIRST_CHUNK
+
+    def cut(sizes: list[int]) -> list[tuple[int, int]]:
+        bounds = chunk_bounds(sizes)
+        assert [start for start, _ in bounds[1:]] == [stop for _, stop in bounds[:-1]]
+        assert bounds[0][0] == 0
+        assert bounds[-1][1] == len(sizes)
+        return bounds
+
+    # short texts: the first call FIRST_CHUNK of them, then CHUNK at a time
+    assert cut([5] * (FIRST_CHUNK + CHUNK + 5)) == [
+        (0, FIRST_CHUNK), (FIRST_CHUNK, FIRST_CHUNK + CHUNK),
+        (FIRST_CHUNK + CHUNK, FIRST_CHUNK + CHUNK + 5),
+    ]  # fmt: skip
+    # one query against 100 passages: the devices start on the first quarter or so while
+    # the rest is tokenized; each next call may hold twice the characters of the last
+    passages = cut([600] * 100)
+    assert passages[0] == (0, FIRST_CHARS // 600)
+    assert passages[1] == (passages[0][1], passages[0][1] + 2 * FIRST_CHARS // 600)
+    # a text longer than a call's characters still gets a call, alone
+    assert cut([10 * FIRST_CHARS, 5, 5]) == [(0, 1), (1, 3)]
+    assert chunk_bounds([]) == [(0, 0)]
 
 
 @pytest.mark.anyio

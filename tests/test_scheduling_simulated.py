@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.queues import lognormal_lengths
 from tests.support.simulation import (
+    CHARS_A_TOKEN,
     Arrival,
     FakeDevice,
     oracle_static_split,
@@ -114,13 +115,13 @@ def test_while_texts_arrive_a_slow_device_that_asks_first_leaves_them_to_a_faste
 def test_texts_fed_slower_than_the_devices_finish_soon_after_the_last_chunk_arrives() -> None:
     # The tokenizer, not the devices, sets the pace: once the last chunk is queued, the two
     # devices share it (plus a few batches' fixed costs), and every text runs once.
-    from embedx.models.tokenizer import chunk_bounds
+    from embedx.models.chunks import chunk_bounds
 
     lengths = tuple([12, 40, 90, 250, 512] * 4000)
     rate, fixed, feed_rate = 9e5, 0.005, 8e5
     devices = [FakeDevice(f"gpu{i}", rate, fixed, 65536, 2) for i in range(2)]
     result = simulate_converging(devices, [Arrival(0.0, lengths, feed_rate)])
-    start, stop = chunk_bounds(len(lengths))[-1]
+    start, stop = chunk_bounds([CHARS_A_TOKEN * n for n in lengths])[-1]
     last_chunk = sum(lengths[start:stop])
     fed_by = sum(lengths) / feed_rate
     assert result.makespan <= fed_by + last_chunk / (2 * rate) + 8 * fixed

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from embedx.errors import InputTooLong, InvalidInput, InvalidModel, ShuttingDown
+from embedx.models.chunks import characters, chunk_bounds, fits_inline
 from embedx.models.pairs import pair_encodings, typed_ids
 from embedx.models.spans import TokenSpans
 from embedx.models.windows import Windows
@@ -33,12 +34,6 @@ if TYPE_CHECKING:
 
     from embedx.models.source import ModelFiles
 
-# Texts a request submits at a time: a small first chunk so the devices start early, then
-# larger ones. The tokenizer spreads each call over every core, so calls run one at a time,
-# and chunks of concurrent requests that arrive meanwhile share the next
-# (on 2 cores, as fast as one call over all the texts with their ids collected).
-FIRST_CHUNK = 1024
-CHUNK = 4096
 # Chunks a request keeps queued beyond the one it handles: with two, the tokenizer encodes
 # one while the collecting thread takes the ids out of the other, even for a lone request.
 CHUNKS_AHEAD = 2
@@ -49,10 +44,6 @@ CHUNKS_AHEAD = 2
 # a request's call took 194 ms to encode, median, and the tokenizer waited for texts 41% of
 # the time; bench/load.py).
 CALL_TEXTS = 2048
-# A request of at most this many characters (a query or two) finding the tokenizer's thread
-# idle is tokenized on the loop: less than two thread wake-ups. 8-text requests tokenized
-# there ran 25 to 50% slower at 16 and 64 clients (H100, bench/online.py): the thread has them.
-INLINE_CHARS = 512
 # Where a model without tokenizer.json keeps its vocabulary (transformers converts these).
 SLOW_TOKENIZER_FILES = ("vocab.txt", "vocab.json", "*.model")
 
@@ -126,10 +117,10 @@ class TextTokenizer:
         """Encode in chunks without blocking the event loop, yielding (first index, chunk) in
         order; the next chunks encode on the tokenizer's threads while the caller handles
         this one. With `truncate` off, an over-long text is an InputTooLong error naming it."""
-        if self._idle() and _fits_inline(texts):
+        if self._idle() and fits_inline(texts):
             yield 0, self.encode_now(texts, truncate=truncate)
             return
-        bounds = chunk_bounds(len(texts))
+        bounds = chunk_bounds([characters(item) for item in texts])
         ahead: collections.deque[asyncio.Future[Encoded]] = collections.deque()
         following = iter(bounds)
 
@@ -408,25 +399,6 @@ def _settle(future: asyncio.Future[Encoded], result: Encoded | BaseException) ->
         future.set_exception(result)
     else:
         future.set_result(result)
-
-
-def _fits_inline(inputs: Sequence[Input]) -> bool:
-    """Whether the inputs have at most INLINE_CHARS characters (counted until they pass it)."""
-    total = 0
-    for item in inputs:
-        total += len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
-        if total > INLINE_CHARS:
-            return False
-    return True
-
-
-def chunk_bounds(count: int) -> list[tuple[int, int]]:
-    """[start, stop) of each tokenizer call for `count` texts."""
-    bounds = [(0, min(count, FIRST_CHUNK))]
-    while bounds[-1][1] < count:
-        start = bounds[-1][1]
-        bounds.append((start, min(count, start + CHUNK)))
-    return bounds
 
 
 def _load(files: ModelFiles) -> Tokenizer:

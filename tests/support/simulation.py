@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from embedx.models.tokenizer import chunk_bounds
+from embedx.models.chunks import chunk_bounds
 from embedx.scheduling import ConvergingQueue, Cut, End, Item, Job, LengthBuckets
+
+# Characters a simulated token stands for, where the tokenizer's chunks are cut.
+CHARS_A_TOKEN = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +157,7 @@ def simulate_converging(
             return
         queue.feeding_started(job)
         fed = 0
-        for start, stop in chunk_bounds(len(arrival.lengths)):
+        for start, stop in chunk_bounds([CHARS_A_TOKEN * n for n in arrival.lengths]):
             fed += sum(arrival.lengths[start:stop])
             chunk = _Chunk(job, start, stop, arrival.lengths)
             heapq.heappush(events, (now + fed / arrival.feed_rate, next(order), "chunk", chunk))
