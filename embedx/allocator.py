@@ -13,6 +13,8 @@ import functools
 import threading
 from pathlib import Path
 
+from embedx import os_threads
+
 PRELOADABLE = ("jemalloc", "tcmalloc", "mimalloc")
 # A request body this large is followed by `give_back_soon`. glibc hands a freed block
 # straight back to the system only above a threshold that rises to the largest block freed
@@ -52,7 +54,7 @@ def give_back_soon() -> None:
     preloaded allocator, which returns memory its own way."""
     if process_allocator() != "libc" or not _giving_back.acquire(blocking=False):
         return
-    threading.Thread(target=_give_back, name="embedx-give-back", daemon=True).start()
+    os_threads.thread(_give_back, "embedx-give-back").start()
 
 
 def _give_back() -> None:

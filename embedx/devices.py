@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from embedx import os_threads
 from embedx.config import Settings
 from embedx.errors import ConfigError, DeviceHung
 
@@ -359,7 +360,7 @@ class CpuAccelerator:
 
         self.info = info
         self.device = torch.device("cpu")
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedx-cpu")
+        self._executor = os_threads.executor(1, "embedx-cpu")
 
     def launch(self, work: Callable[[], T]) -> ThreadLaunch[T]:
         def timed() -> tuple[T, float]:

@@ -12,6 +12,7 @@ from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from embedx import os_threads
 from embedx.config import Settings, load_settings
 from embedx.engine import Engine, EngineOptions, open_engine
 from embedx.errors import InvalidInput, InvalidOption, ShuttingDown
@@ -189,7 +190,7 @@ class LoopThread:
         self._stopped = False
         self._stopping = threading.Lock()  # no call is scheduled on a loop stopped under it
         name = f"embedx-{kind.lower()}"
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = os_threads.thread(self._run, name)
         self._thread.start()
 
     def _run(self) -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
+from embedx import os_threads
 from embedx.library import SIGNAL_CHECK_S as WAKE_S  # how often a wait looks up for a signal
 
 T = TypeVar("T")
@@ -25,7 +26,7 @@ class Prefetch(Generic[T]):
         self._items = items
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = os_threads.thread(self._run, name)
 
     def __enter__(self) -> Prefetch[T]:
         self._thread.start()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from embedx import os_threads
 from embedx.jobs.parts import Chunk, WorkFolder, part_table
 from embedx.jobs.results import StreamedParquet
 from embedx.library import waited
@@ -33,8 +34,8 @@ class Writes:
         self.output_s = 0.0
         self._work = work
         self._streamed = streamed
-        self._parts = ThreadPoolExecutor(1, "embedx-parts")
-        self._output = ThreadPoolExecutor(1, "embedx-output")
+        self._parts = os_threads.executor(1, "embedx-parts")
+        self._output = os_threads.executor(1, "embedx-output")
         self._last: list[Future[None]] = []  # the writes of the chunk before
 
     def __enter__(self) -> Writes:

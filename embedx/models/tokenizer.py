@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from embedx import os_threads
 from embedx.errors import InputTooLong, InvalidInput, InvalidModel, ShuttingDown
 from embedx.models.chunks import characters, chunk_bounds, fits_inline
 from embedx.models.pairs import pair_encodings, typed_ids
@@ -160,9 +161,7 @@ class TextTokenizer:
                 raise ShuttingDown("the model is closing: its tokenizer takes no more texts")
             self._waiting.append(waiter)
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="embedx-tokenizer", daemon=True
-                )
+                self._thread = os_threads.thread(self._run, "embedx-tokenizer")
                 self._thread.start()
             self._queued.notify()
         return future
@@ -178,9 +177,7 @@ class TextTokenizer:
         the interpreter lock held. (An idle tokenizer keeps its last call's until the next.)"""
         calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         spent: queue.SimpleQueue[list[Encoding]] = queue.SimpleQueue()
-        collector = threading.Thread(
-            target=self._collect, args=(calls, spent), name="embedx-token-ids", daemon=True
-        )
+        collector = os_threads.thread(self._collect, "embedx-token-ids", calls, spent)
         collector.start()
         try:
             while True:

@@ -5,7 +5,6 @@ unloads, exits 0."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import ipaddress
 import logging
@@ -17,7 +16,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from embedx import heap
+from embedx import heap, os_threads
 from embedx.config import Settings
 from embedx.server import logs
 from embedx.server.app import create_app
@@ -57,7 +56,7 @@ def serve(settings: Settings) -> int:
         )
     # The loop's own thread pool (asyncio.to_thread: resolving and building a model), so
     # that a stop asked for while a load runs there need not wait for it.
-    executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix=IO_THREADS)
+    executor = os_threads.executor(None, IO_THREADS)
     loop = uvloop.new_event_loop()
     loop.set_default_executor(executor)
     try:
