@@ -12,7 +12,9 @@ keep-alive connections to 127.0.0.1, each sending one request after another (a r
 client on uvloop: an SDK's own cost would be most of what is measured). After --warmup
 seconds, --seconds count: requests/s, and p50/p99 of the requests that started within them,
 and the server's CPU time a request (/proc, Linux): its main thread's (the event loop, which
-limits a server of many small requests) and its whole process's.
+limits a server of many small requests) and its whole process's; and the share of the
+window each of its threads was busy, by name (`main`: the loop; a thread another starts, a
+tokenizer's or torch's worker, carries its starter's name).
 Then bulk: --bulk-texts texts a request from --bulk-clients clients against the same server
 (default settings), in tokens/s, against the library (`Engine.embed` of all the texts at once)
 at --library-batch-tokens, its best budget, on the server's cores once the server is gone.
@@ -43,7 +45,7 @@ from common import (
     wait_up,
     write_json,
 )
-from load import free_port, library_rate, parse_cores, pin_cores, repeated_texts
+from load import free_port, library_rate, parse_cores, pin_cores, repeated_texts, thread_cpu_s
 from throughput import model_directory
 
 MODEL_NAME = "bench"
@@ -188,10 +190,10 @@ def drive(
     jobs = [
         (port, requests[i::processes], n, warmup_s, seconds, cores) for i, n in enumerate(counts)
     ]
-    cpu: list[tuple[float, float]] = []
+    cpu: list[tuple[float, float, dict[str, float]]] = []
 
     def read_cpu() -> None:
-        cpu.append((cpu_seconds(server, server), cpu_seconds(server)))
+        cpu.append((cpu_seconds(server, server), cpu_seconds(server), thread_cpu_s(server)))
 
     timers = [threading.Timer(at, read_cpu) for at in (warmup_s, warmup_s + seconds)]
     with ProcessPoolExecutor(processes) as pool:
@@ -205,7 +207,10 @@ def drive(
     if errors or not latencies:
         raise SystemExit(f"{errors} of the requests failed; {len(latencies)} answered")
     completed = sum(share.completed for share in shares)
-    (loop_0, all_0), (loop_1, all_1) = cpu
+    (loop_0, all_0, threads_0), (loop_1, all_1, threads_1) = cpu
+    # each thread's share of the window busy, by name (summed): one near 1 is what limits
+    busy = {name: round((threads_1[name] - threads_0.get(name, 0.0)) / seconds, 3)
+            for name in threads_1}  # fmt: skip
 
     def per_request(seconds: float) -> float | None:  # None: none finished within the window
         return round(1e6 * seconds / completed, 1) if completed else None
@@ -218,6 +223,7 @@ def drive(
         "requests": len(latencies),
         "server_main_thread_us_per_request": per_request(loop_1 - loop_0),
         "server_cpu_us_per_request": per_request(all_1 - all_0),
+        "server_threads_busy": dict(sorted(busy.items(), key=lambda kv: -kv[1])[:6]),
     }
 
 
