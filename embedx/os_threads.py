@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -29,8 +30,18 @@ def executor(workers: int | None, prefix: str) -> ThreadPoolExecutor:
 
 
 def name_os_thread() -> None:
-    """Give the calling thread's Python name to its OS thread (cut to 15 bytes)."""
+    """Give the calling thread's Python name to its OS thread (cut to 15 bytes), where the C
+    library has prctl: a name is a help, so its absence costs the thread nothing."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(PR_SET_NAME, ctypes.c_char_p(threading.current_thread().name.encode()[:15]), 0, 0, 0)
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
     if sys.platform != "linux":
-        return
-    name = threading.current_thread().name.encode()[:15]
-    ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+        return None
+    try:
+        return getattr(ctypes.CDLL(None), "prctl", None)
+    except OSError:  # no C library to open (a static build)
+        return None
