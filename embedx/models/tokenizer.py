@@ -88,6 +88,7 @@ class TextTokenizer:
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_seq_len)
         whole = _load(files)
+        _start_workers(whole)
         self.windows = Windows(whole, self._tokenizer, max_seq_len)
         self.spans = TokenSpans(whole)  # TEI's /tokenize and /decode, on the windows' copy
         # One thread makes the calls, back to back: the next starts as the last returns,
@@ -396,6 +397,23 @@ def _settle(future: asyncio.Future[Encoded], result: Encoded | BaseException) ->
         future.set_exception(result)
     else:
         future.set_result(result)
+
+
+_workers_started = False
+
+
+def _start_workers(tokenizer: Tokenizer) -> None:
+    """Start the tokenizer library's worker pool, once a process, from a thread named for it.
+    Its first parallel call makes the pool, and each worker takes its maker's OS name: made
+    by a small request tokenized on the event loop, they would show in `top -H` under the
+    loop's name, their work mistaken for the loop's."""
+    global _workers_started
+    if _workers_started:
+        return
+    _workers_started = True
+    starter = os_threads.thread(tokenizer.encode_batch, "embedx-tokenizer", ["a", "b"])
+    starter.start()
+    starter.join()
 
 
 def _load(files: ModelFiles) -> Tokenizer:
