@@ -386,9 +386,9 @@ async def test_a_request_that_fails_stops_tokenizing_its_other_texts(
 
     poison = "zyzzyva"  # one of its tokens is in no reference text
     texts = [poison, *(reference_texts * 40)][: FIRST_CHUNK + 4 * CHUNK]
-    bounds = chunk_bounds([len(text) for text in texts])
+    bounds = list(chunk_bounds(map(len, texts)))
     assert len(bounds) >= 5
-    # Texts cut to 8 tokens: the first chunk is two batches, so its poisoned batch runs soon
+    # Texts cut to 8 tokens: the first chunk is a few batches, so its poisoned batch runs soon
     # whichever end the device takes, however busy the machine.
     async with make_engine(("cpu",), max_batch_tokens=4096, max_seq_len=8) as engine:
         poison_id = int(engine.tokenizer.encode_now([poison]).ids[3])

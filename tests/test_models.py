@@ -500,7 +500,7 @@ async def test_a_request_keeps_two_chunks_queued_while_it_handles_one(minilm_dir
 
     tokenizer._start = recorded  # type: ignore[method-assign]
     texts = ["a few words"] * 6000
-    bounds = [first for first, _ in chunk_bounds([len(text) for text in texts])]
+    bounds = [first for first, _ in chunk_bounds(map(len, texts))]
     assert len(bounds) >= 3
     handled = [(first, list(queued)) async for first, _ in tokenizer.encode_chunks(texts)]
     # while it handles a chunk, the next two are queued: one can encode while the
@@ -512,7 +512,7 @@ def test_a_request_is_cut_into_calls_by_texts_and_by_characters() -> None:
     from embedx.models.chunks import CHUNK, FIRST_CHARS, FIRST_CHUNK
 
     def cut(sizes: list[int]) -> list[tuple[int, int]]:
-        bounds = chunk_bounds(sizes)
+        bounds = list(chunk_bounds(sizes))
         assert [start for start, _ in bounds[1:]] == [stop for _, stop in bounds[:-1]]
         assert bounds[0][0] == 0
         assert bounds[-1][1] == len(sizes)
@@ -530,7 +530,7 @@ def test_a_request_is_cut_into_calls_by_texts_and_by_characters() -> None:
     assert passages[1] == (passages[0][1], passages[0][1] + 2 * FIRST_CHARS // 600)
     # a text longer than a call's characters still gets a call, alone
     assert cut([10 * FIRST_CHARS, 5, 5]) == [(0, 1), (1, 3)]
-    assert chunk_bounds([]) == [(0, 0)]
+    assert list(chunk_bounds([])) == [(0, 0)]
 
 
 @pytest.mark.anyio

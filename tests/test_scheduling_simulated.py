@@ -121,7 +121,7 @@ def test_texts_fed_slower_than_the_devices_finish_soon_after_the_last_chunk_arri
     rate, fixed, feed_rate = 9e5, 0.005, 8e5
     devices = [FakeDevice(f"gpu{i}", rate, fixed, 65536, 2) for i in range(2)]
     result = simulate_converging(devices, [Arrival(0.0, lengths, feed_rate)])
-    start, stop = chunk_bounds([CHARS_A_TOKEN * n for n in lengths])[-1]
+    start, stop = list(chunk_bounds(CHARS_A_TOKEN * n for n in lengths))[-1]
     last_chunk = sum(lengths[start:stop])
     fed_by = sum(lengths) / feed_rate
     assert result.makespan <= fed_by + last_chunk / (2 * rate) + 8 * fixed

@@ -3,7 +3,7 @@ requests are small enough to tokenize on the event loop itself."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,19 +41,17 @@ def fits_inline(inputs: Sequence[Input]) -> bool:
     return True
 
 
-def chunk_bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
-    """[start, stop) of each tokenizer call for texts of these sizes (characters): at most
-    FIRST_CHUNK texts and FIRST_CHARS characters, then CHUNK texts and twice the characters
-    of the chunk before; one text at least. No texts: one empty call."""
-    bounds: list[tuple[int, int]] = []
-    start, most_texts, most_characters = 0, FIRST_CHUNK, FIRST_CHARS
-    while start < len(sizes) or not bounds:
-        stop, held = start, 0
-        while stop < min(len(sizes), start + most_texts):
-            if stop > start and held + sizes[stop] > most_characters:
-                break
-            held += sizes[stop]
-            stop += 1
-        bounds.append((start, stop))
-        start, most_texts, most_characters = stop, CHUNK, 2 * most_characters
-    return bounds
+def chunk_bounds(sizes: Iterable[int]) -> Iterator[tuple[int, int]]:
+    """[start, stop) of each tokenizer call for texts of these sizes (characters), each as
+    it is reached: at most FIRST_CHUNK texts and FIRST_CHARS characters, then CHUNK texts and
+    twice the characters of the chunk before; one text at least. No texts: one empty call."""
+    start = stop = held = 0
+    most_texts, most_characters = FIRST_CHUNK, FIRST_CHARS
+    for size in sizes:
+        if stop > start and (stop - start == most_texts or held + size > most_characters):
+            yield start, stop
+            start, held = stop, 0
+            most_texts, most_characters = CHUNK, 2 * most_characters
+        held += size
+        stop += 1
+    yield start, stop

@@ -122,22 +122,25 @@ class TextTokenizer:
         if self._idle() and fits_inline(texts):
             yield 0, self.encode_now(texts, truncate=truncate)
             return
-        bounds = chunk_bounds([characters(item) for item in texts])
-        ahead: collections.deque[asyncio.Future[Encoded]] = collections.deque()
-        following = iter(bounds)
+        # each chunk's bounds as it is queued: a million texts are measured a chunk at a time
+        following = chunk_bounds(map(characters, texts))
+        ahead: collections.deque[tuple[int, asyncio.Future[Encoded]]] = collections.deque()
 
-        def queue_more() -> None:
-            for first, stop in itertools.islice(following, CHUNKS_AHEAD - len(ahead)):
-                ahead.append(self._start(texts[first:stop], truncate=truncate, offset=first))
+        def queue_more(most: int) -> None:
+            for first, stop in itertools.islice(following, most - len(ahead)):
+                queued = self._start(texts[first:stop], truncate=truncate, offset=first)
+                ahead.append((first, queued))
 
-        ahead.append(self._start(texts[slice(*next(following))], truncate=truncate, offset=0))
+        queue_more(1)
         try:
-            for start, _ in bounds:
-                encoded = await ahead.popleft()
-                queue_more()
+            while ahead:
+                start, chunk = ahead[0]
+                encoded = await chunk
+                ahead.popleft()
+                queue_more(CHUNKS_AHEAD)
                 yield start, encoded
         finally:
-            for future in ahead:
+            for _, future in ahead:
                 future.cancel()  # the caller stopped early: its texts leave the next call
 
     def _idle(self) -> bool:

@@ -157,7 +157,7 @@ def simulate_converging(
             return
         queue.feeding_started(job)
         fed = 0
-        for start, stop in chunk_bounds([CHARS_A_TOKEN * n for n in arrival.lengths]):
+        for start, stop in chunk_bounds(CHARS_A_TOKEN * n for n in arrival.lengths):
             fed += sum(arrival.lengths[start:stop])
             chunk = _Chunk(job, start, stop, arrival.lengths)
             heapq.heappush(events, (now + fed / arrival.feed_rate, next(order), "chunk", chunk))
