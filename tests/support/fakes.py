@@ -115,11 +115,13 @@ class SlowForward:
 
 
 def wrap(engine: Engine, device: str, **behaviour: Any) -> SlowForward:
-    """Replace one device's forward with a slowed or faulty one; returns the wrapper."""
+    """Replace one device's forward with a slowed or faulty one; returns the wrapper. Its
+    CUDA graphs go: a replayed batch never calls the forward, so would not see the fault."""
     for replica in engine.replicas:
         if replica.accelerator.info.label == device:
             wrapper = SlowForward(replica.model.forward, **behaviour)
             replica.model.forward = wrapper  # type: ignore[method-assign]
+            replica.graphs = None
             return wrapper
     raise AssertionError(f"no device {device}")
 
