@@ -45,7 +45,7 @@ from common import (
     wait_up,
     write_json,
 )
-from load import free_port, library_rate, parse_cores, pin_cores, repeated_texts, thread_cpu_s
+from load import free_port, library_rate, parse_cores, pin_cores, repeated_texts
 from throughput import model_directory
 
 MODEL_NAME = "bench"
@@ -173,6 +173,18 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def threads_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each of a process's threads: its name ("main" for the event loop's) and CPU seconds."""
+    threads = {}
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            threads[tid] = ("main" if tid == pid else name, cpu_seconds(pid, tid))
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return threads
+
+
 def drive(
     port: int,
     requests: list[bytes],
@@ -190,10 +202,10 @@ def drive(
     jobs = [
         (port, requests[i::processes], n, warmup_s, seconds, cores) for i, n in enumerate(counts)
     ]
-    cpu: list[tuple[float, float, dict[str, float]]] = []
+    cpu: list[tuple[float, float, dict[int, tuple[str, float]]]] = []
 
     def read_cpu() -> None:
-        cpu.append((cpu_seconds(server, server), cpu_seconds(server), thread_cpu_s(server)))
+        cpu.append((cpu_seconds(server, server), cpu_seconds(server), threads_cpu(server)))
 
     timers = [threading.Timer(at, read_cpu) for at in (warmup_s, warmup_s + seconds)]
     with ProcessPoolExecutor(processes) as pool:
@@ -208,9 +220,12 @@ def drive(
         raise SystemExit(f"{errors} of the requests failed; {len(latencies)} answered")
     completed = sum(share.completed for share in shares)
     (loop_0, all_0, threads_0), (loop_1, all_1, threads_1) = cpu
-    # each thread's share of the window busy, by name (summed): one near 1 is what limits
-    busy = {name: round((threads_1[name] - threads_0.get(name, 0.0)) / seconds, 3)
-            for name in threads_1}  # fmt: skip
+    # each thread's share of the window busy, summed by name: one near 1 is what limits (a
+    # thread started within it counts from 0; one that ended, not at all)
+    busy: dict[str, float] = {}
+    for tid, (name, spent) in threads_1.items():
+        gone = threads_0.get(tid, (name, 0.0))[1]
+        busy[name] = round(busy.get(name, 0.0) + (spent - gone) / seconds, 3)
 
     def per_request(seconds: float) -> float | None:  # None: none finished within the window
         return round(1e6 * seconds / completed, 1) if completed else None

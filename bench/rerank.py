@@ -291,6 +291,7 @@ def main() -> None:
                                   "tiny": args.tiny, "queries": args.queries,
                                   "peer_queries": len(peers),
                                   "documents_per_query": args.documents, "pairs": len(pairs),
+                                  "max_batch_tokens": args.max_batch_tokens or "default",
                                   "tokens": tokens, "methods": {}}  # fmt: skip
         methods = result["methods"]
 
