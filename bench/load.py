@@ -259,21 +259,31 @@ def parse_cores(text: str) -> set[int]:
     return cores
 
 
-def thread_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds so far of each of a process's threads, summed by thread name; the
-    thread that runs the event loop (the first one) is "main"."""
+def threads_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+    """Each of a process's threads: its name and CPU seconds so far; the thread that runs
+    the event loop (the first one) is "main"."""
     ticks = os.sysconf("SC_CLK_TCK")
-    totals: dict[str, float] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    threads: dict[int, tuple[str, float]] = {}
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
         try:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
             name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
         except FileNotFoundError:  # the thread ended meanwhile
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        name = "main" if int(tid) == pid else name
-        totals[name] = totals.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
-    return totals
+        fields = stat.rsplit(")", 1)[1].split()  # utime, stime: fields 14, 15
+        threads[tid] = ("main" if tid == pid else name, (int(fields[11]) + int(fields[12])) / ticks)
+    return threads
+
+
+def threads_busy(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float
+) -> dict[str, float]:
+    """Cores the threads of each name kept busy between two readings (`threads_cpu_s`),
+    busiest first: a thread started between them counts from 0, one that ended not at all."""
+    busy: dict[str, float] = {}
+    for tid, (name, spent) in after.items():
+        busy[name] = busy.get(name, 0.0) + (spent - before.get(tid, (name, 0.0))[1]) / seconds
+    return dict(sorted(busy.items(), key=lambda kv: -kv[1]))
 
 
 def busy_cores(cores: set[int]) -> dict[int, tuple[int, int]]:
@@ -289,21 +299,21 @@ def busy_cores(cores: set[int]) -> dict[int, tuple[int, int]]:
 
 
 def _cpu_change(
-    before: tuple[dict[str, float], dict[int, tuple[int, int]]],
-    after: tuple[dict[str, float], dict[int, tuple[int, int]]],
+    before: tuple[dict[int, tuple[str, float]], dict[int, tuple[int, int]]],
+    after: tuple[dict[int, tuple[str, float]], dict[int, tuple[int, int]]],
     seconds: float,
 ) -> dict[str, Any]:
     """The server's threads' CPU over a pass, as cores kept busy, and how busy the server's
     cores were (from anyone, clients included when they share them)."""
     threads = {
-        name: round((after[0][name] - before[0].get(name, 0.0)) / seconds, 2)
-        for name in after[0]
-        if after[0][name] - before[0].get(name, 0.0) > 0
+        name: round(cores, 2)
+        for name, cores in threads_busy(before[0], after[0], seconds).items()
+        if cores > 0
     }
     busy = sum(after[1][c][0] - before[1][c][0] for c in after[1])
     total = sum(after[1][c][1] - before[1][c][1] for c in after[1])
     return {
-        "server_threads_cores": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
+        "server_threads_cores": threads,
         "server_cores_busy_fraction": round(busy / max(1, total), 3),
     }
 
@@ -347,16 +357,16 @@ def drive(
         recorder = record_stacks(server_pid, py_spy, spy_flags) if py_spy else None
         for _ in range(passes):
             before = _counters(base_url)
-            cpu_before = thread_cpu_s(server_pid), busy_cores(server_cores)
+            cpu_before = threads_cpu_s(server_pid), busy_cores(server_cores)
             started = time.perf_counter()
             outcomes = list(pool.map(run_client_process, jobs))
             seconds = time.perf_counter() - started
-            cpu_after = thread_cpu_s(server_pid), busy_cores(server_cores)
+            cpu_after = threads_cpu_s(server_pid), busy_cores(server_cores)
             figures = _pass_figures(outcomes, seconds)
             figures["devices"] = _counter_change(before, _counters(base_url), seconds)
             figures["cpu"] = _cpu_change(cpu_before, cpu_after, seconds)
             figures["cpu"]["clients_cores"] = round(sum(o.cpu_s for o in outcomes) / seconds, 2)
-            main_s = cpu_after[0].get("main", 0.0) - cpu_before[0].get("main", 0.0)
+            main_s = cpu_after[0][server_pid][1] - cpu_before[0][server_pid][1]
             figures["cpu"]["main_thread_us_per_text"] = round(1e6 * main_s / texts, 1)
             runs.append(figures)
         stop_recording(recorder)

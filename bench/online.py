@@ -45,7 +45,15 @@ from common import (
     wait_up,
     write_json,
 )
-from load import free_port, library_rate, parse_cores, pin_cores, repeated_texts
+from load import (
+    free_port,
+    library_rate,
+    parse_cores,
+    pin_cores,
+    repeated_texts,
+    threads_busy,
+    threads_cpu_s,
+)
 from throughput import model_directory
 
 MODEL_NAME = "bench"
@@ -166,23 +174,10 @@ def _client_process(job: tuple[int, list[bytes], int, float, float, set[int] | N
     return uvloop.run(run())
 
 
-def cpu_seconds(pid: int, thread: int | None = None) -> float:
-    """CPU seconds (user and system) a process, or one of its threads, has used so far."""
-    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()  # utime, stime: fields 14, 15
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) a process has used so far, its ended threads' too."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # fields 14, 15
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def threads_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """Each of a process's threads: its name ("main" for the event loop's) and CPU seconds."""
-    threads = {}
-    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
-        try:
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            threads[tid] = ("main" if tid == pid else name, cpu_seconds(pid, tid))
-        except FileNotFoundError:  # the thread ended meanwhile
-            continue
-    return threads
 
 
 def drive(
@@ -202,10 +197,10 @@ def drive(
     jobs = [
         (port, requests[i::processes], n, warmup_s, seconds, cores) for i, n in enumerate(counts)
     ]
-    cpu: list[tuple[float, float, dict[int, tuple[str, float]]]] = []
+    cpu: list[tuple[float, dict[int, tuple[str, float]]]] = []
 
     def read_cpu() -> None:
-        cpu.append((cpu_seconds(server, server), cpu_seconds(server), threads_cpu(server)))
+        cpu.append((cpu_seconds(server), threads_cpu_s(server)))
 
     timers = [threading.Timer(at, read_cpu) for at in (warmup_s, warmup_s + seconds)]
     with ProcessPoolExecutor(processes) as pool:
@@ -219,13 +214,10 @@ def drive(
     if errors or not latencies:
         raise SystemExit(f"{errors} of the requests failed; {len(latencies)} answered")
     completed = sum(share.completed for share in shares)
-    (loop_0, all_0, threads_0), (loop_1, all_1, threads_1) = cpu
-    # each thread's share of the window busy, summed by name: one near 1 is what limits (a
-    # thread started within it counts from 0; one that ended, not at all)
-    busy: dict[str, float] = {}
-    for tid, (name, spent) in threads_1.items():
-        gone = threads_0.get(tid, (name, 0.0))[1]
-        busy[name] = round(busy.get(name, 0.0) + (spent - gone) / seconds, 3)
+    (all_0, threads_0), (all_1, threads_1) = cpu
+    loop_s = threads_1[server][1] - threads_0[server][1]  # the event loop's thread
+    # each thread's share of the window busy, by name: one near 1 is what limits
+    busy = threads_busy(threads_0, threads_1, seconds)
 
     def per_request(seconds: float) -> float | None:  # None: none finished within the window
         return round(1e6 * seconds / completed, 1) if completed else None
@@ -236,9 +228,9 @@ def drive(
         "p50_ms": round(1e3 * statistics.median(latencies), 3),
         "p99_ms": round(1e3 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3),
         "requests": len(latencies),
-        "server_main_thread_us_per_request": per_request(loop_1 - loop_0),
+        "server_main_thread_us_per_request": per_request(loop_s),
         "server_cpu_us_per_request": per_request(all_1 - all_0),
-        "server_threads_busy": dict(sorted(busy.items(), key=lambda kv: -kv[1])[:6]),
+        "server_threads_busy": {name: round(cores, 3) for name, cores in list(busy.items())[:6]},
     }
 
 
