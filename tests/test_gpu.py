@@ -24,6 +24,7 @@ from embedx.models.pooling import Pooling
 from embedx.models.source import resolve
 from tests.support.fakes import oom, spin_gpu, wrap
 from tests.support.models import (
+    NATIVE_POOLINGS,
     build_sparser_splade,
     build_tiny_causal_reranker,
     build_tiny_m3,
@@ -112,10 +113,7 @@ async def test_flash_varlen_matches_the_float32_cpu_forward(
     assert cosines(got, expected).min() >= 0.999
 
 
-@pytest.mark.parametrize(
-    ("shape", "pooling"),
-    [("bert-base", "cls"), ("bert-base", "mean"), ("qwen3-0.6b", "last_token")],
-)
+@pytest.mark.parametrize(("shape", "pooling"), NATIVE_POOLINGS)
 async def test_small_batches_replayed_as_cuda_graphs_match_the_cpu_forward(
     tiny_models: dict[str, Path], reference_texts: list[str], shape: str, pooling: str
 ) -> None:

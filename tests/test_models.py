@@ -42,7 +42,7 @@ from embedx.models.pooling import Pooling, pool
 from embedx.models.source import check_exists, resolve
 from embedx.models.tokenizer import Input, TextTokenizer
 from tests.support.fakes import TickingClock
-from tests.support.models import RemoteCodeModel
+from tests.support.models import NATIVE_POOLINGS, RemoteCodeModel
 from tests.support.reference import forward
 from tests.support.waiting import PATIENCE_S, eventually_async
 
@@ -703,10 +703,7 @@ def test_a_batch_fits_the_smallest_graph_with_room_for_its_padding() -> None:
     assert fit(100, 1) == (128, 4)
 
 
-@pytest.mark.parametrize(
-    ("shape", "pooling"),
-    [("bert-base", "cls"), ("bert-base", "mean"), ("qwen3-0.6b", "last_token")],
-)
+@pytest.mark.parametrize(("shape", "pooling"), NATIVE_POOLINGS)
 def test_texts_packed_to_a_graphs_shape_get_their_own_rows(
     tiny_models: dict[str, Path], shape: str, pooling: str
 ) -> None:
@@ -744,10 +741,7 @@ class _MatrixProducts(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize(
-    ("shape", "pooling"),
-    [("bert-base", "cls"), ("bert-base", "mean"), ("qwen3-0.6b", "last_token")],
-)
+@pytest.mark.parametrize(("shape", "pooling"), NATIVE_POOLINGS)
 def test_the_load_warms_every_matrix_shape_a_batch_of_so_many_rows_meets(
     tiny_models: dict[str, Path], shape: str, pooling: str
 ) -> None:

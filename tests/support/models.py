@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+# A tiny model of each architecture embedx runs on its own code, with each kind of pooling
+# its code paths take: (shape, pooling).
+NATIVE_POOLINGS = [("bert-base", "cls"), ("bert-base", "mean"), ("qwen3-0.6b", "last_token")]
 
 
 def build_tiny_models(root: Path, tokenizer: Path) -> dict[str, Path]:
