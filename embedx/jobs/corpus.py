@@ -33,10 +33,11 @@ from embedx.jobs.threads import Prefetch
 from embedx.jobs.writing import Writes
 from embedx.library import waited
 
-# Texts a chunk: the tokenizer's chunk, so the engine sorts by length within about as many
-# texts at a time as for the library's one call. The devices wait for the first chunk's
-# reading and the last one's writing, so a chunk is not much larger.
-CHUNK_TEXTS = 4096
+# Texts a chunk. Each is one engine request and one synced part: on an H100, MiniLM's job
+# ran 10 to 25% faster at 16,384 than at 4,096 (fewer, larger tokenizer calls; a quarter of
+# the syncs), BERT-large's the same (bench/results/corpus.md). The devices wait for the
+# first chunk's reading and the last one's writing, a few tens of ms at this size.
+CHUNK_TEXTS = 16384
 # Chunks waiting in the engine's queue behind the one it embeds: at a chunk's end its devices
 # go on to the next while the main thread takes the chunk back and sends another.
 AHEAD = 2
