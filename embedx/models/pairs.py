@@ -15,6 +15,7 @@ them on the device (`split_types`); one that does not gets bare ids. Token ids m
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from itertools import chain
 from pathlib import Path
@@ -68,7 +69,10 @@ def pair_encodings(
     it a tokenizer of its own (this model's pairs), one call at a time."""
     if tokenizer.padding is not None:
         tokenizer.no_padding()
-    texts = [text for pair in pairs for text in pair]  # query, document, query, ...
+    # Each distinct text is encoded once: a rerank request pairs one query with every document
+    # (100 documents: 101 texts, not 200; a fifth less tokenizing on one core).
+    texts = list(dict.fromkeys(text for pair in pairs for text in pair))
+    index = {text: i for i, text in enumerate(texts)}
     kept = texts if cut is None else [cut(text) for text in texts]
     tokenizer.no_truncation()
     try:
@@ -78,18 +82,26 @@ def pair_encodings(
     budget = max_len - tokenizer.num_special_tokens_to_add(True)
     encodings = []
     truncated = []
-    for i in range(len(pairs)):
-        q, d = 2 * i, 2 * i + 1
-        query, document = sides[q], sides[d]
-        n_query, n_document = len(query), len(document)
+    for i, (query_text, document_text) in enumerate(pairs):
+        q, d = index[query_text], index[document_text]
+        n_query, n_document = len(sides[q]), len(sides[d])
         order = _order(n_query, n_document, texts[q], texts[d], kept[q], kept[d])
-        query.truncate(_kept(n_query, n_document, order, budget))
-        document.truncate(_kept(n_document, n_query, -order, budget))
+        query = _truncated(sides[q], _kept(n_query, n_document, order, budget))
+        document = _truncated(sides[d], _kept(n_document, n_query, -order, budget))
         was_cut = len(kept[q]) < len(texts[q]) or len(kept[d]) < len(texts[d])
         if was_cut or n_query + n_document > budget:
             truncated.append(i)
         encodings.append(tokenizer.post_process(query, document, add_special_tokens=True))
     return encodings, truncated
+
+
+def _truncated(side: Encoding, keep: int) -> Encoding:
+    """A side cut to `keep` tokens: a copy, as other pairs may share its encoding."""
+    if keep >= len(side):
+        return side
+    cut = copy.copy(side)
+    cut.truncate(keep)
+    return cut
 
 
 def typed_ids(ids: np.ndarray, encodings: Sequence[Encoding]) -> np.ndarray:
