@@ -179,6 +179,31 @@ async def test_a_gpu_failing_every_batch_is_quarantined_and_the_cpu_finishes(
     assert cosines(result.vectors, st_reference).min() >= 0.999
 
 
+async def test_a_fault_in_a_graph_replay_quarantines_the_gpu_as_an_eager_batchs_would(
+    minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
+) -> None:
+    texts = reference_texts[:40]  # short: their batches replay the graphs captured at load
+    async with cuda_engine(
+        minilm_dir, "0,cpu", max_batch_tokens=2048, cuda_graph_tokens=2048
+    ) as engine:
+        gpu = next(r for r in engine.replicas if r.accelerator.info.label == "cuda:0")
+        assert gpu.graphs, "no graph was captured"
+        replays = 0
+
+        def failing_replay(host: Any) -> torch.Tensor:
+            nonlocal replays
+            replays += 1
+            raise RuntimeError("CUDA error: device lost (injected in a replay)")
+
+        gpu.graphs.replay = failing_replay  # type: ignore[method-assign]
+        result = await engine.embed(texts)
+        described = {d["device"]: d for d in engine.describe()["devices"]}
+    assert replays >= 1
+    assert described["cuda:0"]["state"] == "quarantined"
+    assert "injected in a replay" in (described["cuda:0"]["reason"] or "")
+    assert cosines(result.vectors, st_reference[:40]).min() >= 0.999
+
+
 async def test_gpu_and_cpu_together_return_correct_vectors(
     minilm_dir: Path, reference_texts: list[str], st_reference: np.ndarray
 ) -> None:
