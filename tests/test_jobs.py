@@ -345,6 +345,27 @@ def test_a_work_folder_of_other_inputs_is_refused_not_mixed_in(
     ]
 
 
+def test_a_work_folder_of_another_chunk_size_says_how_to_resume_it(
+    tmp_path: Path, corpus: list[dict[str, Any]], embedder: ChunkEmbedder
+) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [*corpus[:6], {"text": None}, *corpus[6:9]])
+    output = tmp_path / "out.parquet"
+    with pytest.raises(InvalidInput, match="line 7"):  # its first chunk is kept
+        run(CorpusJob("minilm", [str(source)], output, chunk_texts=4), load_settings({}),
+            io.StringIO(), embedder)  # fmt: skip
+    stream = io.StringIO()
+    other = CorpusJob("minilm", [str(source)], output, chunk_texts=5, skip_bad=True)
+    assert command(other, load_settings({}), stream) == 1
+    assert stream.getvalue().splitlines() == [
+        f"embedx: {tmp_path / 'out.parquet.parts'} holds the parts of another job (its "
+        "chunk_texts differ from this one's): remove that folder to start this job over; "
+        "--chunk-texts 4 resumes it"
+    ]
+    resumed = CorpusJob("minilm", [str(source)], output, chunk_texts=4, skip_bad=True)
+    run(resumed, load_settings({}), io.StringIO(), embedder)
+    assert pq.read_table(output).num_rows == 9
+
+
 def test_the_bar_shows_texts_tokens_and_rate_on_a_terminal() -> None:
     from embedx.jobs.progress import Progress
 

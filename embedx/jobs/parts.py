@@ -56,9 +56,13 @@ class WorkFolder:
                 differ = sorted(
                     k for k in {*held, *self.manifest} if held.get(k) != self.manifest.get(k)
                 )
+                # The chunk size alone: an older default, or another --chunk-texts; the
+                # folder's resumes at its own.
+                again = f"; --chunk-texts {held['chunk_texts']} resumes it"
                 raise InvalidInput(
                     f"{self.path} holds the parts of another job (its {', '.join(differ)} "
                     "differ from this one's): remove that folder to start this job over"
+                    + (again if differ == ["chunk_texts"] else "")
                 )
         else:
             self.path.mkdir(parents=True, exist_ok=True)
