@@ -361,6 +361,16 @@ def test_a_work_folder_of_another_chunk_size_says_how_to_resume_it(
         "chunk_texts differ from this one's): remove that folder to start this job over; "
         "--chunk-texts 4 resumes it"
     ]
+    manifest = tmp_path / "out.parquet.parts" / "manifest.json"
+    held = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({k: v for k, v in held.items() if k != "chunk_texts"}))
+    stream = io.StringIO()
+    assert command(other, load_settings({}), stream) == 1  # a folder that names no size
+    assert stream.getvalue().splitlines() == [
+        f"embedx: {tmp_path / 'out.parquet.parts'} holds the parts of another job (its "
+        "chunk_texts differ from this one's): remove that folder to start this job over"
+    ]
+    manifest.write_text(json.dumps(held))
     resumed = CorpusJob("minilm", [str(source)], output, chunk_texts=4, skip_bad=True)
     run(resumed, load_settings({}), io.StringIO(), embedder)
     assert pq.read_table(output).num_rows == 9

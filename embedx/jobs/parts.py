@@ -56,13 +56,13 @@ class WorkFolder:
                 differ = sorted(
                     k for k in {*held, *self.manifest} if held.get(k) != self.manifest.get(k)
                 )
-                # The chunk size alone: an older default, or another --chunk-texts; the
-                # folder's resumes at its own.
-                again = f"; --chunk-texts {held['chunk_texts']} resumes it"
+                # The chunk size alone (an older default, or another --chunk-texts): the
+                # folder's own resumes it.
+                size = held.get("chunk_texts") if differ == ["chunk_texts"] else None
+                again = f"; --chunk-texts {size} resumes it" if isinstance(size, int) else ""
                 raise InvalidInput(
                     f"{self.path} holds the parts of another job (its {', '.join(differ)} "
-                    "differ from this one's): remove that folder to start this job over"
-                    + (again if differ == ["chunk_texts"] else "")
+                    f"differ from this one's): remove that folder to start this job over{again}"
                 )
         else:
             self.path.mkdir(parents=True, exist_ok=True)
