@@ -18,7 +18,8 @@ CHUNK = 4096
 # Characters a request's first chunk holds at most, each next chunk twice the last's: a
 # request of a few long texts starts on the devices too while the rest is tokenized. One
 # rerank query of 100 passages (61k characters) took 9.7 ms to tokenize before its one
-# batch began, which then ran 15.2 ms on an H100 (bench/results/rerank.md).
+# batch began, which then ran 15.2 ms on an H100; cut so, its p50 did not move there (28.1
+# against 27.2 ms, two batches for one), but it helped on two cores (bench/results/rerank.md).
 FIRST_CHARS = 16384
 # A request of at most this many characters (a query or two) finding the tokenizer's thread
 # idle is tokenized on the loop: less than two thread wake-ups. 8-text requests tokenized
