@@ -219,8 +219,8 @@ def drive(
     # each thread's share of the window busy, by name: one near 1 is what limits
     busy = threads_busy(threads_0, threads_1, seconds)
 
-    def per_request(seconds: float) -> float | None:  # None: none finished within the window
-        return round(1e6 * seconds / completed, 1) if completed else None
+    def per_request(cpu_s: float) -> float | None:  # None: none finished within the window
+        return round(1e6 * cpu_s / completed, 1) if completed else None
 
     p50_s = statistics.median(latencies)
     if p50_s > seconds:  # most requests outlive the window: its count undersells the rate
