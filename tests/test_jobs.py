@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from embedx.config import load_settings
 from embedx.errors import InvalidInput
 from embedx.jobs import CorpusJob, command, run
 from embedx.jobs.corpus import AHEAD, ChunkEmbedder
-from embedx.jobs.inputs import Bad, Fields, Reader, Record, shards
+from embedx.jobs.inputs import Bad, Fields, Reader, Records, shards
 from tests.support.corpus import DATA
 from tests.support.waiting import eventually
 
@@ -56,8 +57,25 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Record:
+    row: int
+    id: str | int
+    text: str
+
+
 def records(*inputs: str | Path, fields: Fields | None = None) -> list[Record | Bad]:
-    return list(Reader(shards([str(i) for i in inputs]), fields or Fields()))
+    """What the inputs read as, a line at a time."""
+    found: list[Record | Bad] = []
+    for item in Reader(shards([str(i) for i in inputs]), fields or Fields()):
+        if isinstance(item, Records):
+            found += (
+                Record(item.row + at, *line)
+                for at, line in enumerate(zip(item.ids, item.texts, strict=True))
+            )
+        else:
+            found.append(item)
+    return found
 
 
 def read_parquet(path: Path) -> tuple[list[Any], np.ndarray, list[int]]:
@@ -170,6 +188,101 @@ def test_a_column_the_file_lacks_is_one_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match=r"no column 'text' \(its columns: body\)"):
         records(tmp_path / "a.parquet")
     assert records(tmp_path / "a.csv", fields=Fields("body")) == [Record(0, "1", "hello")]
+
+
+# Lines the bulk readers pass to the line-by-line one (bad, or needing a closer look), each
+# read in the middle of good lines: a line reads alike whichever reads it.
+ODD_JSONL = [
+    b'{"text": "two"}{"text": "on one line"}',
+    b'{"text":\n"over two lines"}',
+    b'\xef\xbb\xbf{"text": "a byte-order mark past the first line"}',
+    b'{"text": "invalid UTF-8 in a field not read", "note": "\xff"}',
+    b'{"text": "a lone surrogate in a field not read", "note": "\\udc00"}',
+    b'{"text": "a field twice", "text": "the last one counts"}',
+    b'{"text": "an empty id", "id": ""}',
+    b'{"text": "a null id", "id": null}',
+    b'{"text": "a string id", "id": "doc-1"}',
+    b'{"text": "a fractional id", "id": 1.5}',
+    b'{"text": "a boolean id", "id": true}',
+    b'{"text": "an id past 64 bits", "id": 123456789012345678901234567890}',
+    b'{"text": "NaN", "id": NaN}',
+    b'{"text": ""}',
+    b'{"text": null}',
+    b'{"text": 5}',
+    b'{"no": "text"}',
+    b"  \t",
+    b"",
+    b'{"text": "a\\u2028line separator, a \\r carriage return"}',
+]
+ODD_TEXT = [b"  \t", b"", b"\xef\xbb\xbfa mark", b"\xff\xfe", b"a\rcarriage", "a\u2028b".encode()]
+
+
+@pytest.mark.parametrize("block_bytes", [64, 4 << 20])
+def test_a_block_read_in_bulk_reads_as_its_lines_do_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int
+) -> None:
+    from embedx.jobs import blocks, inputs
+
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", block_bytes)
+    good = [json.dumps({"text": f"good line {i}", "id": i}).encode() for i in range(4)]
+    files = []
+    for number, odd in enumerate(ODD_JSONL):
+        files.append(tmp_path / f"{number}.jsonl")
+        files[-1].write_bytes(b"\n".join([*good[:2], odd, *good[2:]]) + b"\n")
+    for number, odd in enumerate(ODD_TEXT):
+        files.append(tmp_path / f"{number}.txt")
+        files[-1].write_bytes(b"\r\n".join([b"first", odd, b"last"]))  # no newline at the end
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(good) + b"\r\n")
+    files.append(tmp_path / "bom.jsonl")
+
+    in_bulk = {f.name: records(f) for f in files}
+    monkeypatch.setattr(inputs, "jsonl_columns", lambda *args: None)
+    monkeypatch.setattr(inputs, "text_lines", lambda *args: None)
+    for f in files:
+        assert in_bulk[f.name] == records(f), f.read_bytes()
+    assert [r.text for r in in_bulk["bom.jsonl"]] == [f"good line {i}" for i in range(4)]  # type: ignore[union-attr]
+
+
+def test_clean_files_are_read_in_bulk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, corpus: list[dict[str, Any]]
+) -> None:
+    from embedx.jobs.inputs import Reader
+
+    def refused(*args: Any) -> None:
+        raise AssertionError("read line by line")
+
+    for slow in ("_jsonl_lines", "_text_lines", "_record"):
+        monkeypatch.setattr(Reader, slow, refused)
+    write_jsonl(tmp_path / "a.jsonl", corpus)
+    write_jsonl(tmp_path / "b.jsonl", [{"text": r["text"]} for r in corpus])  # no ids
+    (tmp_path / "a.txt").write_text("".join(" ".join(r["text"].split()) + "\n" for r in corpus))
+    pq.write_table(pa.Table.from_pylist(corpus), tmp_path / "a.parquet")
+    found = records(*(tmp_path / n for n in ("a.jsonl", "b.jsonl", "a.txt", "a.parquet")))
+    assert len(found) == 4 * len(corpus)
+    assert [r.id for r in found[len(corpus) : 2 * len(corpus)]] == [  # type: ignore[union-attr]
+        *range(len(corpus), 2 * len(corpus))
+    ]
+
+
+def test_a_parquet_batch_of_odd_values_reads_as_its_rows_do_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedx.jobs import inputs
+
+    tables = {
+        "null text": pa.table({"text": ["a", None, "c"]}),
+        "empty text": pa.table({"text": ["a", "", "c"]}),
+        "empty and null ids": pa.table({"text": ["a", "b", "c"], "id": ["x", "", None]}),
+        "fractional ids": pa.table({"text": ["a", "b"], "id": [1.0, 2.5]}),
+        "unsigned ids": pa.table({"text": ["a", "b"], "id": pa.array([1, 2], pa.uint8())}),
+        "null ids": pa.table({"text": ["a", "b"], "id": pa.nulls(2)}),
+    }
+    for name, table in tables.items():
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+    in_bulk = {name: records(tmp_path / f"{name}.parquet") for name in tables}
+    monkeypatch.setattr(inputs, "arrow_columns", lambda *args: None)
+    for name in tables:
+        assert in_bulk[name] == records(tmp_path / f"{name}.parquet"), name
 
 
 # -- embedding -------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from embedx.config import Settings
 from embedx.embedder import Embedder
 from embedx.engine import EmbedOptions
 from embedx.errors import EmbedxError, InvalidInput, PoolingRequired
-from embedx.jobs.inputs import Bad, Fields, Reader, Record, Shard, shards
+from embedx.jobs.inputs import Bad, Fields, Reader, Records, Shard, shards
 from embedx.jobs.parts import Chunk, WorkFolder
 from embedx.jobs.progress import Progress
 from embedx.jobs.results import StreamedParquet, join, output_format, write_bad
@@ -183,33 +183,47 @@ def run(
 
 @dataclass(slots=True)
 class ReadChunk:
-    """A chunk as read: its good lines' texts, ids and row numbers, its bad lines, and how far
-    into the inputs (bytes read) it ends."""
+    """A chunk as read: its good lines' texts, ids and row numbers, its bad lines, how many
+    lines in all, and how far into the inputs (bytes read) it ends."""
 
     index: int
     texts: list[str] = field(default_factory=list)
     ids: list[str | int] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
     bad: list[Bad] = field(default_factory=list)
+    lines: int = 0
     position: int = 0
+
+    def add(self, item: Records | Bad, at: int, size: int) -> int:
+        """Add `item`'s lines from its `at`-th on, until the chunk holds `size`; returns where
+        in the item it stopped."""
+        if isinstance(item, Bad):
+            self.bad.append(item)
+            self.lines += item.row is not None  # an empty file's note is no line
+            return 1
+        end = min(len(item.texts), at + size - self.lines)
+        if at == 0 and end == len(item.texts):  # the whole run: most often one line
+            self.texts += item.texts
+            self.ids += item.ids
+        else:
+            self.texts += item.texts[at:end]
+            self.ids += item.ids[at:end]
+        self.rows += range(item.row + at, item.row + end)
+        self.lines += end - at
+        return end
 
 
 def chunks(reader: Reader, size: int) -> Iterator[ReadChunk]:
     """Every `size` lines of the inputs as a chunk, in order."""
     read = ReadChunk(0)
-    lines = 0
     for item in reader:
-        if isinstance(item, Record):
-            read.texts.append(item.text)
-            read.ids.append(item.id)
-            read.rows.append(item.row)
-        else:
-            read.bad.append(item)
-        lines += item.row is not None  # an empty file's note is no line
-        if lines == size:
-            read.position = reader.position
-            yield read
-            read, lines = ReadChunk(read.index + 1), 0
+        at, length = 0, len(item.texts) if isinstance(item, Records) else 1
+        while at < length:
+            at = read.add(item, at, size)
+            if read.lines == size:
+                read.position = reader.position
+                yield read
+                read = ReadChunk(read.index + 1)
     if read.texts or read.bad:
         read.position = reader.position
         yield read

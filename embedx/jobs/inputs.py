@@ -1,5 +1,6 @@
-"""A corpus job's inputs read as one stream of records: the files an INPUT names, each
-opened as its format and compression say, every line either a text or a bad line."""
+"""A corpus job's inputs read as one stream: the files an INPUT names, each opened as its
+format and compression say, as runs of good lines (read in bulk where clean: `blocks`) and the
+bad lines between them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ from typing import IO, Any
 import orjson
 
 from embedx.errors import InvalidInput
+from embedx.jobs.blocks import (
+    BOM,
+    Ids,
+    arrow_columns,
+    blocks,
+    jsonl_columns,
+    line_count,
+    text_lines,
+)
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 FORMATS = {
@@ -58,10 +68,18 @@ class Shard:
 
 
 @dataclass(slots=True)
-class Record:
-    row: int  # its place among every line of the inputs, bad ones included
-    id: str | int  # the id field's value, else the row
-    text: str
+class Records:
+    """A run of good lines: rows `row`, `row + 1`, ... (a row is a line's place among every
+    line of the inputs, bad ones included), each line's id (the id field's value, else its
+    row) and text."""
+
+    row: int
+    ids: list[str | int]
+    texts: list[str]
+
+
+Line = tuple[int, str | int, str]  # a good line read on its own: its row, id and text
+RUN_LINES = 4096  # good lines read one by one, gathered into one run
 
 
 @dataclass(slots=True)
@@ -114,8 +132,8 @@ def shard_of(path: Path) -> Shard:
 
 
 class Reader:
-    """The records of every shard in order; `position` is how many of their bytes (as stored)
-    have been read, for the progress bar."""
+    """The runs of good lines and the bad lines of every shard, in order; `position` is how
+    many of their bytes (as stored) have been read, for the progress bar."""
 
     def __init__(self, files: Sequence[Shard], fields: Fields) -> None:
         self.files = files
@@ -131,26 +149,45 @@ class Reader:
         """Worked out when asked for, not at each line: a file's `tell` is a system call."""
         return self._done_bytes + (self._tell() if self._tell is not None else self._file_bytes)
 
-    def __iter__(self) -> Iterator[Record | Bad]:
+    def __iter__(self) -> Iterator[Records | Bad]:
         read = {"jsonl": self._jsonl, "csv": self._csv, "tsv": self._csv, "text": self._text}
         for shard in self.files:
             if shard.format == "parquet":
-                yield from self._counted(shard, self._parquet(shard))
+                yield from self._gathered(shard, self._parquet(shard))
             else:
                 with open(shard.path, "rb") as raw:
                     self._tell = raw.tell
                     try:
-                        yield from self._counted(shard, read[shard.format](shard, raw))
+                        yield from self._gathered(shard, read[shard.format](shard, raw))
                     finally:
                         self._tell = None
             self._done_bytes += shard.path.stat().st_size
             self._file_bytes = 0
 
-    def _counted(self, shard: Shard, records: Iterator[Record | Bad]) -> Iterator[Record | Bad]:
+    def _gathered(
+        self, shard: Shard, lines: Iterator[Line | Records | Bad]
+    ) -> Iterator[Records | Bad]:
+        """A file's runs and bad lines, its good lines read one by one gathered into runs; a
+        note for a file with none."""
+        run: Records | None = None
         empty = True
-        for record in records:
+        for line in lines:
             empty = False
-            yield record
+            if type(line) is tuple:
+                if run is None:
+                    run = Records(line[0], [], [])
+                run.ids.append(line[1])
+                run.texts.append(line[2])
+                if len(run.texts) == RUN_LINES:
+                    yield run
+                    run = None
+            else:
+                if run is not None:
+                    yield run
+                    run = None
+                yield line  # type: ignore[misc]  # Records or Bad
+        if run is not None:
+            yield run
         if empty:
             yield Bad(str(shard.path), None, None, "the file is empty: it holds no texts")
 
@@ -159,22 +196,62 @@ class Reader:
         self._row += 1
         return row
 
-    def _record(self, shard: Shard, line: int, text: object, id_: object) -> Record | Bad:
+    def _run(self, texts: list[str], ids: Ids) -> Records:
+        """Good lines' texts and ids (None: the row stands in)."""
+        row = self._row
+        self._row += len(texts)
+        if None in ids:
+            ids = [row + at if i is None else i for at, i in enumerate(ids)]
+        return Records(row, ids, texts)  # type: ignore[arg-type]  # no None is left
+
+    def _record(self, shard: Shard, line: int, text: object, id_: object) -> Line | Bad:
+        """One line, checked."""
         row = self._next_row()
         problem = text_problem(self.fields.text, text)
         if problem is None:
             if id_ is None or id_ == "":
-                return Record(row, row, text)  # type: ignore[arg-type]  # checked above
+                return row, row, text  # type: ignore[return-value]  # checked above
             if type(id_) is int or (isinstance(id_, str) and valid_unicode(id_)):
-                return Record(row, id_, text)  # type: ignore[arg-type]
+                return row, id_, text  # type: ignore[return-value]
             problem = f"field {self.fields.id!r} is {kind(id_)}, not a string or an integer"
         return Bad(str(shard.path), line, row, problem)
 
     def _bad(self, shard: Shard, line: int, error: str) -> Bad:
         return Bad(str(shard.path), line, self._next_row(), error)
 
-    def _jsonl(self, shard: Shard, raw: IO[bytes]) -> Iterator[Record | Bad]:
-        for number, line in enumerate(open_bytes(shard, raw), 1):
+    def _jsonl(self, shard: Shard, raw: IO[bytes]) -> Iterator[Line | Records | Bad]:
+        text, id_ = self.fields.text, self.fields.id
+        return self._blocks(
+            shard,
+            raw,
+            lambda block, first: jsonl_columns(block, first, text, id_),
+            self._jsonl_lines,
+        )
+
+    def _blocks(
+        self,
+        shard: Shard,
+        raw: IO[bytes],
+        in_bulk: Callable[[bytes, bool], tuple[list[str], Ids] | None],
+        one_by_one: Callable[[Shard, IO[bytes], int], Iterator[Line | Records | Bad]],
+    ) -> Iterator[Line | Records | Bad]:
+        """A text file's blocks, each read in bulk or, where that says None, line by line."""
+        number = 1  # the block's first line's
+        for block in blocks(open_bytes(shard, raw)):
+            read = in_bulk(block, number == 1)
+            if read is not None:
+                yield self._run(*read)
+            else:
+                yield from one_by_one(shard, io.BytesIO(block), number)
+            number += line_count(block)
+
+    def _jsonl_lines(
+        self, shard: Shard, lines: IO[bytes], first: int
+    ) -> Iterator[Line | Records | Bad]:
+        """A JSONL block line by line, its first line the file's line `first`."""
+        for number, line in enumerate(lines, first):
+            if number == 1:
+                line = line.removeprefix(BOM)
             if not line.strip():
                 continue  # a blank line (a file's last, say) holds no record
             try:
@@ -199,7 +276,7 @@ class Reader:
                 continue
             yield self._object(shard, number, value)
 
-    def _object(self, shard: Shard, line: int, value: object) -> Record | Bad:
+    def _object(self, shard: Shard, line: int, value: object) -> Line | Bad:
         """A JSONL line's value."""
         if not isinstance(value, dict):
             return self._bad(shard, line, f"is {kind(value)}, not a JSON object")
@@ -207,11 +284,17 @@ class Reader:
             return self._bad(shard, line, f"has no field {self.fields.text!r}")
         return self._record(shard, line, value[self.fields.text], value.get(self.fields.id))
 
-    def _text(self, shard: Shard, raw: IO[bytes]) -> Iterator[Record | Bad]:
-        for number, line in enumerate(open_bytes(shard, raw), 1):
+    def _text(self, shard: Shard, raw: IO[bytes]) -> Iterator[Line | Records | Bad]:
+        return self._blocks(shard, raw, text_lines, self._text_lines)
+
+    def _text_lines(
+        self, shard: Shard, lines: IO[bytes], first: int
+    ) -> Iterator[Line | Records | Bad]:
+        """A text block line by line, its first line the file's line `first`."""
+        for number, line in enumerate(lines, first):
             line = line.removesuffix(b"\n").removesuffix(b"\r")
             if number == 1:
-                line = line.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is the file's
+                line = line.removeprefix(BOM)
             try:
                 text = line.decode()
             except UnicodeDecodeError as exc:
@@ -221,9 +304,9 @@ class Reader:
                 yield self._bad(shard, number, "is blank: each line is a text")
             else:
                 row = self._next_row()
-                yield Record(row, row, text)
+                yield row, row, text
 
-    def _csv(self, shard: Shard, raw: IO[bytes]) -> Iterator[Record | Bad]:
+    def _csv(self, shard: Shard, raw: IO[bytes]) -> Iterator[Line | Records | Bad]:
         stream = io.TextIOWrapper(
             open_bytes(shard, raw), encoding="utf-8-sig", errors="surrogateescape", newline=""
         )
@@ -259,7 +342,7 @@ class Reader:
                 yield self._record(shard, line, fields[text_at], ident)
             line = rows.line_num + 1
 
-    def _parquet(self, shard: Shard) -> Iterator[Record | Bad]:
+    def _parquet(self, shard: Shard) -> Iterator[Line | Records | Bad]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -285,11 +368,17 @@ class Reader:
         total = max(table.metadata.num_rows, 1)
         done = 0
         for batch in table.iter_batches(batch_size=PARQUET_BATCH, columns=columns):
-            texts = batch.column(0).to_pylist()
-            ids = batch.column(1).to_pylist() if len(columns) > 1 else [None] * len(texts)
-            for offset, (text, ident) in enumerate(zip(texts, ids, strict=True)):
-                yield self._record(shard, done + offset + 1, text, ident)
-            done += len(texts)
+            read = arrow_columns(batch.column(0), batch.column(1) if len(columns) > 1 else None)
+            if not batch.num_rows:
+                continue
+            if read is not None:
+                yield self._run(*read)
+            else:
+                texts = batch.column(0).to_pylist()
+                ids = batch.column(1).to_pylist() if len(columns) > 1 else [None] * len(texts)
+                for offset, (text, ident) in enumerate(zip(texts, ids, strict=True)):
+                    yield self._record(shard, done + offset + 1, text, ident)
+            done += batch.num_rows
             self._file_bytes = size * done // total
 
 
