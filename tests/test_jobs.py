@@ -235,12 +235,14 @@ def test_a_block_read_in_bulk_reads_as_its_lines_do_one_by_one(
     (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(good) + b"\r\n")
     files.append(tmp_path / "bom.jsonl")
 
-    in_bulk = {f.name: records(f) for f in files}
+    fields = (Fields(), Fields("text", "text"))  # each text its own id, too
+    in_bulk = {(f.name, n): records(f, fields=fields[n]) for f in files for n in (0, 1)}
     monkeypatch.setattr(inputs, "jsonl_columns", lambda *args: None)
     monkeypatch.setattr(inputs, "text_lines", lambda *args: None)
     for f in files:
-        assert in_bulk[f.name] == records(f), f.read_bytes()
-    assert [r.text for r in in_bulk["bom.jsonl"]] == [f"good line {i}" for i in range(4)]  # type: ignore[union-attr]
+        for n in (0, 1):
+            assert in_bulk[f.name, n] == records(f, fields=fields[n]), f.read_bytes()
+    assert [r.text for r in in_bulk["bom.jsonl", 0]] == [f"good line {i}" for i in range(4)]  # type: ignore[union-attr]
 
 
 def test_clean_files_are_read_in_bulk(

@@ -43,7 +43,8 @@ def jsonl_columns(block: bytes, first: bool, text: str, id_: str) -> tuple[list[
         return None
     if not first and block.startswith(BOM):
         return None  # Arrow would take it as a file's
-    schema = pa.schema([(text, pa.string()), (id_, _id_type(block, id_))])
+    columns = [(text, pa.string())] + ([(id_, _id_type(block, id_))] if id_ != text else [])
+    schema = pa.schema(columns)
     # one thread, the reader's: the tokenizer's workers have the other cores
     reading = pj.ReadOptions(use_threads=False, block_size=min(len(block), 2**31 - 1))
     parsing = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
@@ -55,7 +56,7 @@ def jsonl_columns(block: bytes, first: bool, text: str, id_: str) -> tuple[list[
     # (Both in one block, evenly, would pass: no corpus writer makes such a file.)
     if table.num_rows != line_count(block) and table.num_rows != _filled_lines(block):
         return None
-    return arrow_columns(table.column(0), table.column(1))
+    return arrow_columns(table.column(text), table.column(id_))
 
 
 def arrow_columns(
