@@ -94,9 +94,13 @@ def assert_same_vectors(found: np.ndarray, expected: np.ndarray) -> None:
 # -- reading ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("block_bytes", [256, 4 << 20])  # many blocks a file, or one
 def test_every_format_and_compression_reads_as_the_same_records(
-    tmp_path: Path, corpus: list[dict[str, Any]]
+    tmp_path: Path, corpus: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, block_bytes: int
 ) -> None:
+    from embedx.jobs import blocks
+
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", block_bytes)
     rows = corpus[:40]
     jsonl = write_jsonl(tmp_path / "a.jsonl", rows).read_bytes()
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(jsonl))
