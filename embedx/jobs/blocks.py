@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
 BLOCK_BYTES = 4 << 20
 BOM = b"\xef\xbb\xbf"
-Ids = list[str | int | None]  # None: the id field is absent, null or "": the row stands in
+# Each line's id, None where the field is absent, null or "": its row stands in. Not a
+# list at all (None): every line's row stands in.
+Ids = list[str | int | None] | None
 
 
 def blocks(stream: IO[bytes]) -> Iterator[bytes]:
@@ -70,7 +72,7 @@ def arrow_columns(
     if texts.null_count or (len(texts) and pc.min(pc.binary_length(texts)).as_py() == 0):
         return None
     if ids is None or pa.types.is_null(ids.type):
-        return texts.to_pylist(), [None] * len(texts)
+        return texts.to_pylist(), None
     if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):
         ids = pc.if_else(pc.equal(ids, ""), pa.scalar(None, ids.type), ids)
     elif not pa.types.is_integer(ids.type):
@@ -92,7 +94,7 @@ def text_lines(block: bytes, first: bool) -> tuple[list[str], Ids] | None:
         lines.pop()  # after the block's last newline
     if "\r" in text:
         lines = [line.removesuffix("\r") for line in lines]
-    return (lines, [None] * len(lines)) if all(map(str.strip, lines)) else None
+    return (lines, None) if all(map(str.strip, lines)) else None
 
 
 def _id_type(block: bytes, id_: str) -> pa.DataType:

@@ -202,12 +202,8 @@ class ReadChunk:
             self.lines += item.row is not None  # an empty file's note is no line
             return 1
         end = min(len(item.texts), at + size - self.lines)
-        if at == 0 and end == len(item.texts):  # the whole run: most often one line
-            self.texts += item.texts
-            self.ids += item.ids
-        else:
-            self.texts += item.texts[at:end]
-            self.ids += item.ids[at:end]
+        self.texts += item.texts[at:end]
+        self.ids += item.ids[at:end]
         self.rows += range(item.row + at, item.row + end)
         self.lines += end - at
         return end

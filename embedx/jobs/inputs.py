@@ -200,7 +200,9 @@ class Reader:
         """Good lines' texts and ids (None: the row stands in)."""
         row = self._row
         self._row += len(texts)
-        if None in ids:
+        if ids is None:
+            ids = list(range(row, self._row))
+        elif None in ids:
             ids = [row + at if i is None else i for at, i in enumerate(ids)]
         return Records(row, ids, texts)  # type: ignore[arg-type]  # no None is left
 
@@ -368,9 +370,9 @@ class Reader:
         total = max(table.metadata.num_rows, 1)
         done = 0
         for batch in table.iter_batches(batch_size=PARQUET_BATCH, columns=columns):
-            read = arrow_columns(batch.column(0), batch.column(1) if len(columns) > 1 else None)
             if not batch.num_rows:
                 continue
+            read = arrow_columns(batch.column(0), batch.column(1) if len(columns) > 1 else None)
             if read is not None:
                 yield self._run(*read)
             else:
